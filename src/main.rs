@@ -1,0 +1,2 @@
+//! The `backfill` command-line tool.
+fn main() {}
