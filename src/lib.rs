@@ -3,5 +3,6 @@
 
 pub mod chunk;
 pub mod error;
+pub mod key;
 
 pub use error::{Error, Result};
