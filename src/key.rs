@@ -253,6 +253,7 @@ pub fn first_unordered(keys: &BinaryArray) -> Option<usize> {
 mod tests {
     use super::*;
     use arrow_array::{Float64Array, Int32Array, Int64Array, StringArray};
+    use arrow_schema::Field;
 
     fn table() -> SchemaRef {
         Arc::new(Schema::new(vec![
