@@ -4,5 +4,8 @@
 pub mod chunk;
 pub mod error;
 pub mod key;
+pub mod store;
+pub mod table;
+pub mod vnode;
 
 pub use error::{Error, Result};

@@ -1,0 +1,545 @@
+//! The in-memory columnar store: the fast default for embedding and benchmarks.
+//!
+//! Per table and vnode, the committed data is a list of sorted Arrow segments (about
+//! [`SEGMENT_ROWS`](super::run::SEGMENT_ROWS) rows each, key ranges following each other).
+//! Each sealed, uncommitted epoch is a layer of per-vnode delta runs (sorted, with
+//! tombstones). Reads merge the base with the visible layers; `commit` folds layers into the
+//! base, rewriting only the segments whose key range a delta touches.
+//!
+//! Nothing here is durable: the store lives as long as its last clone.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use arrow_array::RecordBatch;
+use hashbrown::HashMap;
+use rayon::prelude::*;
+
+use super::run::{MergeReader, Run, build_runs, compact};
+use super::{KeyedBatch, SnapshotScan, StateStore, StateTable};
+use crate::chunk::StreamChunk;
+use crate::error::{Error, Result};
+use crate::key::Position;
+use crate::table::TableDesc;
+use crate::vnode::{VirtualNode, VnodeBitmap};
+
+/// One epoch's changes: a sorted delta run per touched vnode.
+type Layer = HashMap<VirtualNode, Arc<Run>>;
+
+/// The in-memory columnar state store. Clones share the same data.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<RwLock<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    committed: Option<u64>,
+    tables: HashMap<String, TableState>,
+}
+
+#[derive(Debug)]
+struct TableState {
+    desc: Arc<TableDesc>,
+    /// Per vnode, the committed segments.
+    base: Vec<Vec<Arc<Run>>>,
+    /// Sealed, uncommitted layers by epoch.
+    sealed: BTreeMap<u64, Layer>,
+}
+
+impl Inner {
+    fn table(&self, name: &str) -> Result<&TableState> {
+        self.tables
+            .get(name)
+            .ok_or_else(|| Error::UnknownTable(name.to_string()))
+    }
+
+    fn check_read_epoch(&self, table: &str, epoch: u64) -> Result<()> {
+        match self.committed {
+            Some(committed) if epoch < committed => Err(Error::StaleRead {
+                table: table.to_string(),
+                epoch,
+                committed,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> Result<RwLockReadGuard<'_, Inner>> {
+        self.inner
+            .read()
+            .map_err(|_| Error::Internal("memory store lock poisoned".into()))
+    }
+
+    fn write(&self) -> Result<RwLockWriteGuard<'_, Inner>> {
+        self.inner
+            .write()
+            .map_err(|_| Error::Internal("memory store lock poisoned".into()))
+    }
+
+    fn open(&self, name: &str, vnodes: VnodeBitmap, replicated: bool) -> Result<MemoryTable> {
+        let desc = self.read()?.table(name)?.desc.clone();
+        if vnodes.count() != desc.vnode_count() {
+            return Err(Error::InvalidConfig(format!(
+                "a handle on {} vnodes for table `{name}` of {} vnodes",
+                vnodes.count().get(),
+                desc.vnode_count().get()
+            )));
+        }
+        Ok(MemoryTable {
+            store: self.clone(),
+            desc,
+            vnodes,
+            replicated,
+            pending: Vec::new(),
+            last_sealed: None,
+            local: BTreeMap::new(),
+        })
+    }
+}
+
+impl StateStore for MemoryStore {
+    type Table = MemoryTable;
+
+    fn create_table(&self, desc: TableDesc) -> Result<Arc<TableDesc>> {
+        let mut inner = self.write()?;
+        if inner.tables.contains_key(desc.name()) {
+            return Err(Error::TableExists(desc.name().to_string()));
+        }
+        let desc = Arc::new(desc);
+        inner.tables.insert(
+            desc.name().to_string(),
+            TableState {
+                desc: desc.clone(),
+                base: vec![Vec::new(); desc.vnode_count().get()],
+                sealed: BTreeMap::new(),
+            },
+        );
+        Ok(desc)
+    }
+
+    fn table(&self, name: &str, vnodes: VnodeBitmap) -> Result<MemoryTable> {
+        self.open(name, vnodes, false)
+    }
+
+    fn replicated_table(&self, name: &str, vnodes: VnodeBitmap) -> Result<MemoryTable> {
+        self.open(name, vnodes, true)
+    }
+
+    fn commit(&self, epoch: u64) -> Result<()> {
+        let mut inner = self.write()?;
+        if let Some(committed) = inner.committed
+            && epoch <= committed
+        {
+            return Err(Error::EpochOrder {
+                context: "store commit".into(),
+                epoch,
+                previous: committed,
+            });
+        }
+        // Compute every table's new base first, then swap: a failure leaves the store as it was.
+        let mut updates = Vec::with_capacity(inner.tables.len());
+        for (name, table) in &inner.tables {
+            let mut deltas: HashMap<VirtualNode, Vec<Arc<Run>>> = HashMap::new();
+            for layer in table.sealed.range(..=epoch).map(|(_, layer)| layer) {
+                for (vnode, run) in layer {
+                    deltas.entry(*vnode).or_default().push(run.clone());
+                }
+            }
+            if deltas.is_empty() {
+                continue;
+            }
+            let new_base: Vec<(VirtualNode, Vec<Arc<Run>>)> = deltas
+                .into_iter()
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|(vnode, runs): (VirtualNode, Vec<Arc<Run>>)| {
+                    Ok((vnode, compact(&table.base[vnode.index()], &runs)?))
+                })
+                .collect::<Result<_>>()?;
+            updates.push((name.clone(), new_base));
+        }
+        for (name, new_base) in updates {
+            if let Some(table) = inner.tables.get_mut(&name) {
+                for (vnode, segments) in new_base {
+                    table.base[vnode.index()] = segments;
+                }
+            }
+        }
+        for table in inner.tables.values_mut() {
+            table.sealed = table.sealed.split_off(&(epoch + 1));
+        }
+        inner.committed = Some(epoch);
+        Ok(())
+    }
+
+    fn committed_epoch(&self) -> Result<Option<u64>> {
+        Ok(self.read()?.committed)
+    }
+}
+
+/// A handle on some vnodes of a table in a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryTable {
+    store: MemoryStore,
+    desc: Arc<TableDesc>,
+    vnodes: VnodeBitmap,
+    replicated: bool,
+    /// Chunks written since the last seal, with each row's vnode.
+    pending: Vec<(StreamChunk, Vec<VirtualNode>)>,
+    last_sealed: Option<u64>,
+    /// A replicated handle's own layers (never visible to others, never committed).
+    local: BTreeMap<u64, Layer>,
+}
+
+impl MemoryTable {
+    fn owner(&self) -> String {
+        let kind = if self.replicated { "replicated " } else { "" };
+        format!("this {kind}handle on table `{}`", self.desc.name())
+    }
+
+    fn check_owned(&self, vnode: VirtualNode) -> Result<()> {
+        if self.vnodes.contains(vnode) {
+            Ok(())
+        } else {
+            Err(Error::VnodeNotOwned {
+                vnode: vnode.get(),
+                owner: self.owner(),
+            })
+        }
+    }
+
+    /// The delta runs of `vnode` visible at `epoch`, oldest first.
+    fn visible_deltas(
+        &self,
+        inner: &Inner,
+        vnode: VirtualNode,
+        epoch: u64,
+    ) -> Result<Vec<Arc<Run>>> {
+        let layers: Box<dyn Iterator<Item = &Layer>> = if self.replicated {
+            let after = inner.committed.map_or(0, |c| c + 1);
+            Box::new(
+                self.local
+                    .range(after..=epoch.max(after))
+                    .filter(move |(e, _)| **e <= epoch)
+                    .map(|(_, l)| l),
+            )
+        } else {
+            Box::new(
+                inner
+                    .table(self.desc.name())?
+                    .sealed
+                    .range(..=epoch)
+                    .map(|(_, l)| l),
+            )
+        };
+        Ok(layers
+            .filter_map(|layer| layer.get(&vnode).cloned())
+            .collect())
+    }
+}
+
+impl StateTable for MemoryTable {
+    type Scan = MemoryScan;
+
+    fn desc(&self) -> &Arc<TableDesc> {
+        &self.desc
+    }
+
+    fn vnodes(&self) -> &VnodeBitmap {
+        &self.vnodes
+    }
+
+    fn write(&mut self, chunk: &StreamChunk) -> Result<()> {
+        self.desc.check_schema(&chunk.schema(), "a write")?;
+        let vnodes = self.desc.vnodes_of(chunk.batch())?;
+        if let Some(vnode) = vnodes.iter().find(|v| !self.vnodes.contains(**v)) {
+            return Err(Error::VnodeNotOwned {
+                vnode: vnode.get(),
+                owner: self.owner(),
+            });
+        }
+        if !chunk.is_empty() {
+            self.pending.push((chunk.clone(), vnodes));
+        }
+        Ok(())
+    }
+
+    fn seal(&mut self, epoch: u64) -> Result<()> {
+        if let Some(last) = self.last_sealed
+            && epoch <= last
+        {
+            return Err(Error::EpochOrder {
+                context: format!("seal of table `{}`", self.desc.name()),
+                epoch,
+                previous: last,
+            });
+        }
+        let committed = self.store.committed_epoch()?;
+        if !self.replicated
+            && let Some(committed) = committed
+            && epoch <= committed
+        {
+            return Err(Error::EpochOrder {
+                context: format!("seal of table `{}` (already committed)", self.desc.name()),
+                epoch,
+                previous: committed,
+            });
+        }
+        let layer = if self.pending.is_empty() {
+            Layer::new()
+        } else {
+            let schema = self.desc.schema().clone();
+            let chunks: Vec<StreamChunk> = self.pending.iter().map(|(c, _)| c.clone()).collect();
+            let all = StreamChunk::concat(&schema, &chunks)?;
+            let vnodes: Vec<VirtualNode> = self
+                .pending
+                .iter()
+                .flat_map(|(_, v)| v.iter().copied())
+                .collect();
+            build_runs(&self.desc, all.batch(), all.ops(), &vnodes)?
+                .into_iter()
+                .map(|(vnode, run)| (vnode, Arc::new(run)))
+                .collect()
+        };
+        if self.replicated {
+            let keep_after = committed.map_or(0, |c| c + 1);
+            self.local = self.local.split_off(&keep_after);
+            if epoch >= keep_after && !layer.is_empty() {
+                self.local.insert(epoch, layer);
+            }
+        } else if !layer.is_empty() {
+            let mut inner = self.store.write()?;
+            let table = inner
+                .tables
+                .get_mut(self.desc.name())
+                .ok_or_else(|| Error::UnknownTable(self.desc.name().to_string()))?;
+            let slot = table.sealed.entry(epoch).or_default();
+            for (vnode, run) in layer {
+                if slot.insert(vnode, run).is_some() {
+                    return Err(Error::Internal(format!(
+                        "two handles wrote vnode {vnode} of table `{}` in epoch {epoch}",
+                        self.desc.name()
+                    )));
+                }
+            }
+        }
+        self.pending.clear();
+        self.last_sealed = Some(epoch);
+        Ok(())
+    }
+
+    fn scan(
+        &self,
+        vnode: VirtualNode,
+        after: Option<&Position>,
+        epoch: u64,
+        batch_size: usize,
+    ) -> Result<MemoryScan> {
+        self.check_owned(vnode)?;
+        let inner = self.store.read()?;
+        inner.check_read_epoch(self.desc.name(), epoch)?;
+        let table = inner.table(self.desc.name())?;
+        let mut sources = vec![table.base[vnode.index()].clone()];
+        sources.extend(
+            self.visible_deltas(&inner, vnode, epoch)?
+                .into_iter()
+                .map(|run| vec![run]),
+        );
+        Ok(MemoryScan {
+            reader: MergeReader::new(sources, after.map(Position::as_bytes), batch_size),
+        })
+    }
+
+    fn get(&self, vnode: VirtualNode, key: &[u8], epoch: u64) -> Result<Option<RecordBatch>> {
+        self.check_owned(vnode)?;
+        let inner = self.store.read()?;
+        inner.check_read_epoch(self.desc.name(), epoch)?;
+        for run in self.visible_deltas(&inner, vnode, epoch)?.iter().rev() {
+            if let Some(row) = run.find(key) {
+                let deleted = run.deleted.as_ref().is_some_and(|d| d.value(row));
+                return Ok((!deleted).then(|| run.data.batch.slice(row, 1)));
+            }
+        }
+        let table = inner.table(self.desc.name())?;
+        for segment in &table.base[vnode.index()] {
+            if segment.last_key().is_some_and(|last| last >= key) {
+                return Ok(segment
+                    .find(key)
+                    .map(|row| segment.data.batch.slice(row, 1)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn committed_rows(&self, vnode: VirtualNode) -> Result<usize> {
+        let inner = self.store.read()?;
+        let table = inner.table(self.desc.name())?;
+        Ok(table
+            .base
+            .get(vnode.index())
+            .map_or(0, |segments| segments.iter().map(|s| s.len()).sum()))
+    }
+}
+
+/// A scan of one vnode of a [`MemoryTable`]; holds its own references, not the lock.
+pub struct MemoryScan {
+    reader: MergeReader,
+}
+
+impl SnapshotScan for MemoryScan {
+    fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
+        self.reader.next_batch()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::KeyColumn;
+    use crate::vnode::VnodeCount;
+    use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]))
+    }
+
+    fn store_with_table(vnodes: usize) -> (MemoryStore, Arc<TableDesc>) {
+        let store = MemoryStore::new();
+        let desc = TableDesc::new("t", schema(), vec![KeyColumn::asc("k")])
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(vnodes).unwrap());
+        let desc = store.create_table(desc).unwrap();
+        (store, desc)
+    }
+
+    fn chunk(text: &str) -> StreamChunk {
+        StreamChunk::from_text(&schema(), text).unwrap()
+    }
+
+    #[test]
+    fn unknown_and_duplicate_tables_are_errors() {
+        let (store, desc) = store_with_table(1);
+        assert!(matches!(
+            store.table("nope", VnodeBitmap::full(desc.vnode_count())),
+            Err(Error::UnknownTable(t)) if t == "nope"
+        ));
+        let again = TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap();
+        assert!(matches!(
+            store.create_table(again),
+            Err(Error::TableExists(_))
+        ));
+    }
+
+    #[test]
+    fn schema_mismatch_is_an_error() {
+        let (store, desc) = store_with_table(1);
+        let mut t = store
+            .table("t", VnodeBitmap::full(desc.vnode_count()))
+            .unwrap();
+        let other = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
+        let bad = StreamChunk::from_text(&other, "+ 1").unwrap();
+        assert!(matches!(t.write(&bad), Err(Error::SchemaMismatch { .. })));
+    }
+
+    #[test]
+    fn epochs_must_go_forward() {
+        let (store, desc) = store_with_table(1);
+        let mut t = store
+            .table("t", VnodeBitmap::full(desc.vnode_count()))
+            .unwrap();
+        t.seal(5).unwrap();
+        assert!(matches!(
+            t.seal(5),
+            Err(Error::EpochOrder {
+                epoch: 5,
+                previous: 5,
+                ..
+            })
+        ));
+        store.commit(5).unwrap();
+        assert!(matches!(store.commit(4), Err(Error::EpochOrder { .. })));
+        let mut late = store
+            .table("t", VnodeBitmap::full(desc.vnode_count()))
+            .unwrap();
+        assert!(matches!(late.seal(3), Err(Error::EpochOrder { .. })));
+        assert!(matches!(
+            t.scan(VirtualNode::ZERO, None, 4, 10),
+            Err(Error::StaleRead {
+                epoch: 4,
+                committed: 5,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn writes_to_unowned_vnodes_are_rejected() {
+        let (store, desc) = store_with_table(4);
+        let batch = chunk("+ 1 a");
+        let vnode = desc.vnodes_of(batch.batch()).unwrap()[0];
+        let others = VnodeBitmap::from_vnodes(
+            desc.vnode_count(),
+            desc.vnode_count().vnodes().filter(|v| *v != vnode),
+        )
+        .unwrap();
+        let mut t = store.table("t", others).unwrap();
+        assert!(matches!(
+            t.write(&batch),
+            Err(Error::VnodeNotOwned { vnode: v, .. }) if v == vnode.get()
+        ));
+        assert!(matches!(
+            t.scan(vnode, None, 1, 10),
+            Err(Error::VnodeNotOwned { .. })
+        ));
+    }
+
+    #[test]
+    fn replicated_layers_are_private_and_dropped_on_commit() {
+        let (store, desc) = store_with_table(1);
+        let all = VnodeBitmap::full(desc.vnode_count());
+        let mut upstream = store.table("t", all.clone()).unwrap();
+        let mut repl = store.replicated_table("t", all.clone()).unwrap();
+        let reader = store.table("t", all).unwrap();
+        repl.write(&chunk("+ 1 a")).unwrap();
+        repl.seal(1).unwrap();
+        let rows = |t: &MemoryTable, epoch| {
+            let mut scan = t.scan(VirtualNode::ZERO, None, epoch, 10).unwrap();
+            let mut n = 0;
+            while let Some(b) = scan.next_batch().unwrap() {
+                n += b.num_rows();
+            }
+            n
+        };
+        assert_eq!(rows(&repl, 1), 1, "a replicated handle reads its own layer");
+        assert_eq!(rows(&reader, 1), 0, "nobody else does");
+        upstream.write(&chunk("+ 1 a\n+ 2 b")).unwrap();
+        upstream.seal(1).unwrap();
+        store.commit(1).unwrap();
+        assert_eq!(
+            rows(&repl, 1),
+            2,
+            "after commit the base holds the upstream's rows"
+        );
+        // A late replicated layer at or below the committed epoch is dropped, not applied.
+        repl.write(&chunk("- 2 b")).unwrap();
+        repl.seal(2).unwrap();
+        assert_eq!(rows(&repl, 2), 1);
+        store.commit(2).unwrap();
+        assert_eq!(
+            rows(&repl, 2),
+            2,
+            "the layer of epoch 2 is gone once 2 is committed"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The state store: tables of rows keyed by `(vnode, primary key)`, versioned by epoch.
+//!
+//! One trait pair, several implementations (DESIGN section 6). Today: [`MemoryStore`], the
+//! in-memory columnar store used for embedding and benchmarks.
+//!
+//! ```text
+//!             write(chunk)          seal(e)                 commit(c)
+//!  handle  ---------------> local -----------> sealed layer --------------> committed base
+//!                           buffer             of epoch e    (all tables,   (per vnode: sorted
+//!                                              (sorted runs,  atomically)    Arrow segments)
+//!                                               tombstones)
+//! ```
+//!
+//! Rules every implementation keeps:
+//! - A handle owns a set of vnodes; writing a row of another vnode is an error.
+//! - Epochs a handle seals strictly increase; `commit(c)` needs `c` above the committed epoch.
+//! - A read at epoch `e` sees the committed data plus the sealed layers up to `e` (for a
+//!   *replicated* handle: its own layers only). Reading below the committed epoch is an
+//!   error: history is compacted away.
+//! - `scan(vnode, after, epoch)` yields batches sorted by key, strictly after `after`, with
+//!   their encoded keys ([`KeyedBatch`]), so consumers never re-encode.
+//! - A replicated handle's layers are readable through it, never persisted, and dropped once
+//!   the store commits an epoch at or above them.
+//!
+//! The traits are synchronous: the in-memory and embedded stores answer from memory or local
+//! files. A remote implementation is expected to prefetch behind [`SnapshotScan`].
+
+mod memory;
+mod run;
+
+pub use memory::{MemoryScan, MemoryStore, MemoryTable};
+
+use std::sync::Arc;
+
+use arrow_array::{Array, BinaryArray, RecordBatch};
+
+use crate::chunk::StreamChunk;
+use crate::error::Result;
+use crate::key::Position;
+use crate::table::TableDesc;
+use crate::vnode::{VirtualNode, VnodeBitmap};
+
+/// Rows of one table with their encoded primary keys (`keys.value(i)` is row `i`'s key).
+#[derive(Debug, Clone)]
+pub struct KeyedBatch {
+    /// The rows.
+    pub batch: RecordBatch,
+    /// Their encoded keys (see [`crate::key`]).
+    pub keys: BinaryArray,
+}
+
+impl KeyedBatch {
+    /// Number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.batch.num_rows() == 0
+    }
+
+    /// A zero-copy slice.
+    pub fn slice(&self, offset: usize, len: usize) -> Self {
+        Self {
+            batch: self.batch.slice(offset, len),
+            keys: self.keys.slice(offset, len),
+        }
+    }
+
+    /// The position of the last row, if any.
+    pub fn last_position(&self) -> Option<Position> {
+        (!self.keys.is_empty()).then(|| Position::from_keys(&self.keys, self.keys.len() - 1))
+    }
+}
+
+/// A store of versioned tables.
+pub trait StateStore: Clone + Send + Sync + 'static {
+    /// The handle type.
+    type Table: StateTable;
+
+    /// Defines a table. Its name must be new.
+    fn create_table(&self, desc: TableDesc) -> Result<Arc<TableDesc>>;
+
+    /// Opens a writable handle on the given vnodes of a table.
+    fn table(&self, name: &str, vnodes: VnodeBitmap) -> Result<Self::Table>;
+
+    /// Opens a replicated handle: its writes are readable through it and never persisted.
+    fn replicated_table(&self, name: &str, vnodes: VnodeBitmap) -> Result<Self::Table>;
+
+    /// Makes every layer sealed at or below `epoch` durable, atomically across all tables.
+    fn commit(&self, epoch: u64) -> Result<()>;
+
+    /// The last committed epoch, if any.
+    fn committed_epoch(&self) -> Result<Option<u64>>;
+}
+
+/// A handle on some vnodes of one table.
+pub trait StateTable: Send + 'static {
+    /// The scan type.
+    type Scan: SnapshotScan;
+
+    /// The table definition.
+    fn desc(&self) -> &Arc<TableDesc>;
+
+    /// The vnodes this handle owns.
+    fn vnodes(&self) -> &VnodeBitmap;
+
+    /// Buffers a chunk of changes for the current epoch.
+    fn write(&mut self, chunk: &StreamChunk) -> Result<()>;
+
+    /// Freezes the buffered changes as epoch `epoch`.
+    fn seal(&mut self, epoch: u64) -> Result<()>;
+
+    /// Rows of `vnode` visible at `epoch`, strictly after `after`, in key order, in batches
+    /// of at most `batch_size` rows.
+    fn scan(
+        &self,
+        vnode: VirtualNode,
+        after: Option<&Position>,
+        epoch: u64,
+        batch_size: usize,
+    ) -> Result<Self::Scan>;
+
+    /// The row with this encoded key in `vnode` at `epoch`, as a one-row batch.
+    fn get(&self, vnode: VirtualNode, key: &[u8], epoch: u64) -> Result<Option<RecordBatch>>;
+
+    /// The number of committed rows in `vnode` (an estimate for progress reporting).
+    fn committed_rows(&self, vnode: VirtualNode) -> Result<usize>;
+}
+
+/// A pull-based scan of one vnode.
+pub trait SnapshotScan: Send + 'static {
+    /// The next batch, or `None` when the scan is exhausted.
+    fn next_batch(&mut self) -> Result<Option<KeyedBatch>>;
+}

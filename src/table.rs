@@ -1,0 +1,304 @@
+//! Table definitions: schema, primary key, distribution and vnode count.
+//!
+//! A [`TableDesc`] is everything the store, the vnode hashing and the backfill need to agree
+//! on about a table. It is checked once, when the table is defined: unknown columns, a
+//! distribution key that is not part of the primary key, or a column type that cannot be
+//! hashed are errors here, never panics later.
+//!
+//! Distribution decides a row's vnode:
+//! - [`Distribution::Hash`]: `crc32(distribution-key values) % vnode_count` (see
+//!   [`crate::vnode`]); an empty key makes a singleton table (every row in vnode 0).
+//! - [`Distribution::VnodeColumn`]: a `UInt16` column holds the vnode itself. Progress tables
+//!   use it so that progress rows live in the vnode they describe.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt16Type;
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, Schema, SchemaRef};
+
+use crate::error::{Error, Result};
+use crate::key::{KeyColumn, PrimaryKey};
+use crate::vnode::{self, VirtualNode, VnodeCount};
+
+/// How rows are assigned to vnodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Distribution {
+    /// Hash of these columns (indices into the table schema); empty means singleton.
+    Hash(Vec<usize>),
+    /// The vnode is the value of this non-null `UInt16` column.
+    VnodeColumn(usize),
+}
+
+/// A table's definition. Cheap to clone behind an `Arc`.
+#[derive(Debug, Clone)]
+pub struct TableDesc {
+    name: String,
+    schema: SchemaRef,
+    pk: PrimaryKey,
+    distribution: Distribution,
+    vnode_count: VnodeCount,
+}
+
+impl TableDesc {
+    /// A table distributed by its whole primary key over the default 256 vnodes.
+    pub fn new(name: impl Into<String>, schema: SchemaRef, pk: Vec<KeyColumn>) -> Result<Self> {
+        let name = name.into();
+        let pk = PrimaryKey::new(&schema, pk).map_err(|e| match e {
+            Error::UnknownColumn { column, .. } => Error::UnknownColumn {
+                column,
+                context: format!("table `{name}`"),
+            },
+            other => other,
+        })?;
+        let dist = pk.indices().to_vec();
+        for &i in &dist {
+            let field = schema.field(i);
+            vnode::check_hashable(field.name(), field.data_type())?;
+        }
+        Ok(Self {
+            name,
+            schema,
+            pk,
+            distribution: Distribution::Hash(dist),
+            vnode_count: VnodeCount::DEFAULT,
+        })
+    }
+
+    /// Distributes by these columns, which must be part of the primary key. An empty list
+    /// makes a singleton table.
+    pub fn with_distribution_key<S: AsRef<str>>(mut self, columns: &[S]) -> Result<Self> {
+        let mut dist = Vec::with_capacity(columns.len());
+        for column in columns {
+            let column = column.as_ref();
+            let idx = self.column_index(column)?;
+            if !self.pk.indices().contains(&idx) {
+                return Err(Error::InvalidConfig(format!(
+                    "distribution key column `{column}` of table `{}` is not part of its primary key",
+                    self.name
+                )));
+            }
+            let field = self.schema.field(idx);
+            vnode::check_hashable(field.name(), field.data_type())?;
+            dist.push(idx);
+        }
+        self.distribution = Distribution::Hash(dist);
+        Ok(self)
+    }
+
+    /// Takes each row's vnode from a non-null `UInt16` column.
+    pub fn with_vnode_column(mut self, column: &str) -> Result<Self> {
+        let idx = self.column_index(column)?;
+        let field = self.schema.field(idx);
+        if field.data_type() != &DataType::UInt16 {
+            return Err(Error::UnsupportedType {
+                column: column.into(),
+                data_type: field.data_type().clone(),
+                usage: "a vnode column (it must be UInt16)",
+            });
+        }
+        self.distribution = Distribution::VnodeColumn(idx);
+        Ok(self)
+    }
+
+    /// Sets the vnode count.
+    pub fn with_vnode_count(mut self, vnode_count: VnodeCount) -> Self {
+        self.vnode_count = vnode_count;
+        self
+    }
+
+    fn column_index(&self, column: &str) -> Result<usize> {
+        self.schema
+            .index_of(column)
+            .map_err(|_| Error::UnknownColumn {
+                column: column.into(),
+                context: format!("table `{}`", self.name),
+            })
+    }
+
+    /// The table name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The row schema.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The primary key.
+    pub fn pk(&self) -> &PrimaryKey {
+        &self.pk
+    }
+
+    /// How rows map to vnodes.
+    pub fn distribution(&self) -> &Distribution {
+        &self.distribution
+    }
+
+    /// The number of vnodes.
+    pub fn vnode_count(&self) -> VnodeCount {
+        self.vnode_count
+    }
+
+    /// The vnode of every row of a batch of this table, vectorized.
+    pub fn vnodes_of(&self, batch: &RecordBatch) -> Result<Vec<VirtualNode>> {
+        match &self.distribution {
+            Distribution::Hash(columns) => {
+                let columns: Vec<_> = columns.iter().map(|&i| batch.column(i).clone()).collect();
+                vnode::compute_vnodes(&columns, batch.num_rows(), self.vnode_count)
+            }
+            Distribution::VnodeColumn(idx) => {
+                let column = batch.column(*idx);
+                if column.null_count() > 0 {
+                    return Err(Error::InvalidChunk(format!(
+                        "NULL in vnode column `{}` of table `{}`",
+                        self.schema.field(*idx).name(),
+                        self.name
+                    )));
+                }
+                let values = column.as_primitive::<UInt16Type>().values();
+                let count = self.vnode_count.get();
+                values
+                    .iter()
+                    .map(|&v| {
+                        if usize::from(v) < count {
+                            Ok(VirtualNode::new(v))
+                        } else {
+                            Err(Error::InvalidChunk(format!(
+                                "vnode {v} out of range 0..{count} in table `{}`",
+                                self.name
+                            )))
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Checks that `schema` has this table's column names and types, in order.
+    pub fn check_schema(&self, schema: &Schema, context: &str) -> Result<()> {
+        let same = schema.fields().len() == self.schema.fields().len()
+            && schema
+                .fields()
+                .iter()
+                .zip(self.schema.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if same {
+            Ok(())
+        } else {
+            Err(Error::SchemaMismatch {
+                context: format!("{context} of table `{}`", self.name),
+                expected: describe(&self.schema),
+                found: describe(schema),
+            })
+        }
+    }
+
+    /// The table as a shared reference.
+    pub fn into_shared(self) -> Arc<Self> {
+        Arc::new(self)
+    }
+}
+
+/// `name: Type, ...`, a short schema description for error messages.
+pub fn describe(schema: &Schema) -> String {
+    let fields: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    format!("({})", fields.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray, UInt16Array};
+    use arrow_schema::Field;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Utf8, false),
+            Field::new("b", DataType::Int64, false),
+            Field::new("v", DataType::UInt16, false),
+        ]))
+    }
+
+    #[test]
+    fn distribution_key_must_be_part_of_pk() {
+        let t = TableDesc::new("t", schema(), vec![KeyColumn::asc("a")]).unwrap();
+        assert!(matches!(
+            t.clone().with_distribution_key(&["b"]),
+            Err(Error::InvalidConfig(m)) if m.contains("`b`")
+        ));
+        assert!(matches!(
+            t.with_distribution_key(&["zz"]),
+            Err(Error::UnknownColumn { column, context }) if column == "zz" && context.contains("`t`")
+        ));
+    }
+
+    #[test]
+    fn distribution_key_subset_ignores_other_pk_columns() {
+        let t = TableDesc::new(
+            "t",
+            schema(),
+            vec![KeyColumn::asc("a"), KeyColumn::asc("b")],
+        )
+        .unwrap()
+        .with_distribution_key(&["a"])
+        .unwrap();
+        let batch = RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(StringArray::from(vec!["x", "x", "y"])),
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(UInt16Array::from(vec![0, 0, 0])),
+            ],
+        )
+        .unwrap();
+        let v = t.vnodes_of(&batch).unwrap();
+        assert_eq!(v[0], v[1], "same distribution key, same vnode");
+    }
+
+    #[test]
+    fn vnode_column_is_checked() {
+        let t = TableDesc::new("p", schema(), vec![KeyColumn::asc("v")])
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(4).unwrap())
+            .with_vnode_column("v")
+            .unwrap();
+        let batch = |v: u16| {
+            RecordBatch::try_new(
+                schema(),
+                vec![
+                    Arc::new(StringArray::from(vec!["x"])),
+                    Arc::new(Int64Array::from(vec![1])),
+                    Arc::new(UInt16Array::from(vec![v])),
+                ],
+            )
+            .unwrap()
+        };
+        assert_eq!(t.vnodes_of(&batch(3)).unwrap(), vec![VirtualNode::new(3)]);
+        assert!(t.vnodes_of(&batch(4)).is_err());
+        assert!(matches!(
+            TableDesc::new("p", schema(), vec![KeyColumn::asc("v")])
+                .unwrap()
+                .with_vnode_column("b"),
+            Err(Error::UnsupportedType { .. })
+        ));
+    }
+
+    #[test]
+    fn schema_check_names_both_schemas() {
+        let t = TableDesc::new("t", schema(), vec![KeyColumn::asc("a")]).unwrap();
+        let other = Schema::new(vec![Field::new("a", DataType::Int32, false)]);
+        let err = t.check_schema(&other, "a write").unwrap_err().to_string();
+        assert!(
+            err.contains("a write of table `t`") && err.contains("a: Int32"),
+            "{err}"
+        );
+        assert!(t.check_schema(&schema(), "x").is_ok());
+    }
+}

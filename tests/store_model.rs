@@ -1,0 +1,326 @@
+//! Model-based test of the in-memory store against a `BTreeMap` model.
+//!
+//! Random writes (inserts, deletes, update pairs) over several epochs, seals, commits at
+//! random points, scans at older and newer visible epochs from random bounds with random batch
+//! sizes, point reads, and a replicated handle with its own layers. After every step the store
+//! must agree with the model.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrangement_backfill::chunk::{Op, StreamChunk};
+use arrangement_backfill::key::{KeyColumn, Position};
+use arrangement_backfill::store::{MemoryStore, SnapshotScan, StateStore, StateTable};
+use arrangement_backfill::table::TableDesc;
+use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+
+type Rows = BTreeMap<i64, String>;
+type Delta = BTreeMap<i64, Option<String>>;
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Utf8, true),
+    ]))
+}
+
+fn desc(vnodes: usize) -> TableDesc {
+    TableDesc::new("t", schema(), vec![KeyColumn::asc("k")])
+        .unwrap()
+        .with_vnode_count(VnodeCount::new(vnodes).unwrap())
+}
+
+/// A change: (key, kind 0 = insert/put, 1 = delete, 2 = update pair, value).
+type Change = (i64, u8, u8);
+
+fn chunk_of(changes: &[Change]) -> StreamChunk {
+    let mut keys = Vec::new();
+    let mut vals = Vec::new();
+    let mut ops = Vec::new();
+    for &(k, kind, v) in changes {
+        let value = format!("v{v}");
+        match kind {
+            0 => {
+                keys.push(k);
+                vals.push(value);
+                ops.push(Op::Insert);
+            }
+            1 => {
+                keys.push(k);
+                vals.push(String::from("old"));
+                ops.push(Op::Delete);
+            }
+            _ => {
+                keys.extend([k, k]);
+                vals.extend([String::from("old"), value]);
+                ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
+            }
+        }
+    }
+    let batch = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(keys)),
+            Arc::new(StringArray::from(vals)),
+        ],
+    )
+    .unwrap();
+    StreamChunk::new(batch, ops).unwrap()
+}
+
+fn delta_of(changes: &[Change]) -> Delta {
+    let mut d = Delta::new();
+    for &(k, kind, v) in changes {
+        d.insert(k, (kind != 1).then(|| format!("v{v}")));
+    }
+    d
+}
+
+fn apply(rows: &mut Rows, delta: &Delta) {
+    for (k, v) in delta {
+        match v {
+            Some(v) => rows.insert(*k, v.clone()),
+            None => rows.remove(k),
+        };
+    }
+}
+
+fn vnode_of(desc: &TableDesc, k: i64) -> VirtualNode {
+    let batch = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(vec![k])),
+            Arc::new(StringArray::from(vec!["x"])),
+        ],
+    )
+    .unwrap();
+    desc.vnodes_of(&batch).unwrap()[0]
+}
+
+/// Everything a scan returns, checked sorted and in the right vnode.
+fn scan_all(
+    table: &impl StateTable,
+    vnode: VirtualNode,
+    after: Option<i64>,
+    epoch: u64,
+    batch_size: usize,
+) -> Vec<(i64, String)> {
+    let pk = table.desc().pk().clone();
+    let after = after.map(|k| {
+        let batch = RecordBatch::try_new(
+            pk.key_schema().clone(),
+            vec![Arc::new(Int64Array::from(vec![k]))],
+        )
+        .unwrap();
+        Position::from_batch(&pk, &batch, 0).unwrap()
+    });
+    let mut scan = table
+        .scan(vnode, after.as_ref(), epoch, batch_size)
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = scan.next_batch().unwrap() {
+        assert!(b.num_rows() <= batch_size && b.num_rows() > 0);
+        assert_eq!(b.keys.len(), b.num_rows());
+        assert_eq!(b.keys, pk.encode(&b.batch).unwrap(), "keys match rows");
+        let vnodes = table.desc().vnodes_of(&b.batch).unwrap();
+        assert!(vnodes.iter().all(|v| *v == vnode), "rows in their vnode");
+        let k = b.batch.column(0).as_primitive::<Int64Type>();
+        let v = b.batch.column(1).as_string::<i32>();
+        for i in 0..b.num_rows() {
+            out.push((k.value(i), v.value(i).to_string()));
+        }
+    }
+    assert!(
+        out.windows(2).all(|w| w[0].0 < w[1].0),
+        "strictly increasing"
+    );
+    out
+}
+
+fn expected(
+    desc: &TableDesc,
+    rows: &Rows,
+    vnode: VirtualNode,
+    after: Option<i64>,
+) -> Vec<(i64, String)> {
+    rows.iter()
+        .filter(|(k, _)| vnode_of(desc, **k) == vnode && after.is_none_or(|a| **k > a))
+        .map(|(k, v)| (*k, v.clone()))
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+struct EpochPlan {
+    changes: Vec<Change>,
+    replicated: Vec<Change>,
+    commit_back: Option<u8>,
+    scans: Vec<(u8, Option<i64>, usize)>,
+}
+
+fn epoch_plan() -> impl Strategy<Value = EpochPlan> {
+    let change = (0i64..40, 0u8..3, 0u8..5);
+    (
+        prop::collection::vec(change.clone(), 0..25),
+        prop::collection::vec(change, 0..8),
+        prop::option::of(0u8..3),
+        prop::collection::vec((0u8..4, prop::option::of(0i64..40), 1usize..9), 1..4),
+    )
+        .prop_map(|(changes, replicated, commit_back, scans)| EpochPlan {
+            changes,
+            replicated,
+            commit_back,
+            scans,
+        })
+}
+
+/// Keeps one change per key per chunk position rule: the store applies a chunk in order, and
+/// so does the model, so any sequence is fine.
+fn run_plan(plans: &[EpochPlan], vnodes: usize) {
+    let store = MemoryStore::new();
+    let desc = store.create_table(desc(vnodes)).unwrap();
+    let all = VnodeBitmap::full(desc.vnode_count());
+    let mut writer = store.table("t", all.clone()).unwrap();
+    let mut repl = store.replicated_table("t", all.clone()).unwrap();
+
+    let mut committed_rows = Rows::new();
+    let mut committed: Option<u64> = None;
+    let mut sealed: BTreeMap<u64, Delta> = BTreeMap::new();
+    let mut repl_layers: BTreeMap<u64, Delta> = BTreeMap::new();
+
+    for (i, plan) in plans.iter().enumerate() {
+        let epoch = (i as u64 + 1) * 10;
+        writer.write(&chunk_of(&plan.changes)).unwrap();
+        writer.seal(epoch).unwrap();
+        sealed.insert(epoch, delta_of(&plan.changes));
+        repl.write(&chunk_of(&plan.replicated)).unwrap();
+        repl.seal(epoch).unwrap();
+        if committed.is_none_or(|c| epoch > c) {
+            repl_layers.insert(epoch, delta_of(&plan.replicated));
+        }
+
+        if let Some(back) = plan.commit_back {
+            let target = epoch.saturating_sub(u64::from(back) * 10);
+            if target > 0 && committed.is_none_or(|c| target > c) {
+                store.commit(target).unwrap();
+                committed = Some(target);
+                let rest = sealed.split_off(&(target + 1));
+                for d in sealed.values() {
+                    apply(&mut committed_rows, d);
+                }
+                sealed = rest;
+                repl_layers = repl_layers.split_off(&(target + 1));
+            } else if target > 0 {
+                assert!(
+                    store.commit(target).is_err(),
+                    "commit must not go backwards"
+                );
+            }
+        }
+
+        for &(back, after, batch_size) in &plan.scans {
+            let read_epoch = epoch.saturating_sub(u64::from(back) * 10).max(10);
+            if committed.is_some_and(|c| read_epoch < c) {
+                let err = writer.scan(VirtualNode::ZERO, None, read_epoch, batch_size);
+                assert!(err.is_err(), "reads below the committed epoch are stale");
+                continue;
+            }
+            let mut rows = committed_rows.clone();
+            for d in sealed.range(..=read_epoch).map(|(_, d)| d) {
+                apply(&mut rows, d);
+            }
+            let mut repl_rows = committed_rows.clone();
+            for d in repl_layers.range(..=read_epoch).map(|(_, d)| d) {
+                apply(&mut repl_rows, d);
+            }
+            for vnode in desc.vnode_count().vnodes() {
+                assert_eq!(
+                    scan_all(&writer, vnode, after, read_epoch, batch_size),
+                    expected(&desc, &rows, vnode, after),
+                    "writer scan vnode {vnode} after {after:?} at epoch {read_epoch}"
+                );
+                assert_eq!(
+                    scan_all(&repl, vnode, after, read_epoch, batch_size),
+                    expected(&desc, &repl_rows, vnode, after),
+                    "replicated scan vnode {vnode} after {after:?} at epoch {read_epoch}"
+                );
+            }
+            // Point reads agree too.
+            let pk = desc.pk();
+            for k in [0i64, 7, 19, 39] {
+                let key_batch = RecordBatch::try_new(
+                    pk.key_schema().clone(),
+                    vec![Arc::new(Int64Array::from(vec![k]))],
+                )
+                .unwrap();
+                let key = pk.encode(&key_batch).unwrap();
+                let got = writer
+                    .get(vnode_of(&desc, k), key.value(0), read_epoch)
+                    .unwrap()
+                    .map(|b| b.column(1).as_string::<i32>().value(0).to_string());
+                assert_eq!(got, rows.get(&k).cloned(), "get {k} at {read_epoch}");
+            }
+        }
+        let total: usize = desc
+            .vnode_count()
+            .vnodes()
+            .map(|v| writer.committed_rows(v).unwrap())
+            .sum();
+        assert_eq!(total, committed_rows.len(), "committed row count");
+    }
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: 256,
+        rng_seed: RngSeed::Fixed(0x5702e),
+        failure_persistence: None,
+        ..Config::default()
+    })]
+
+    #[test]
+    fn memory_store_matches_btreemap_model(
+        plans in prop::collection::vec(epoch_plan(), 1..8),
+        vnodes in prop::sample::select(vec![1usize, 4, 16]),
+    ) {
+        run_plan(&plans, vnodes);
+    }
+}
+
+#[test]
+fn large_vnode_compacts_segment_by_segment() {
+    // 50k rows in one vnode: several segments; a few deltas touch only some of them.
+    let store = MemoryStore::new();
+    let desc = store.create_table(desc(1)).unwrap();
+    let all = VnodeBitmap::full(desc.vnode_count());
+    let mut writer = store.table("t", all).unwrap();
+    let n = 50_000i64;
+    let batch = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..n).rev())),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|i| format!("v{i}")),
+            )),
+        ],
+    )
+    .unwrap();
+    writer.write(&StreamChunk::inserts(batch)).unwrap();
+    writer.seal(1).unwrap();
+    store.commit(1).unwrap();
+    writer
+        .write(&chunk_of(&[(5, 1, 0), (30_000, 2, 3), (60_000, 0, 1)]))
+        .unwrap();
+    writer.seal(2).unwrap();
+    store.commit(2).unwrap();
+    let rows = scan_all(&writer, VirtualNode::ZERO, None, 2, 1024);
+    assert_eq!(rows.len(), n as usize);
+    assert!(!rows.iter().any(|(k, _)| *k == 5));
+    assert!(rows.contains(&(30_000, "v3".into())));
+    assert!(rows.contains(&(60_000, "v1".into())));
+}
