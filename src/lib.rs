@@ -1,6 +1,7 @@
 //! arrangement-backfill: backfill a new streaming view from a live arrangement, on Apache Arrow.
 #![warn(missing_docs)]
 
+pub mod backfill;
 pub mod chunk;
 pub mod error;
 pub mod key;

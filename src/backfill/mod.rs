@@ -1,0 +1,3 @@
+//! The arrangement backfill: progress, filtering, the I/O-free core and the async executor.
+
+pub mod progress;
