@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt16Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt16Array, UInt32Array, UInt64Array};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, UInt16Array, UInt32Array, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema};
 
 use crate::chunk::StreamChunk;
@@ -129,7 +131,9 @@ impl ProgressMap {
 
     /// Owned vnodes with their states, ascending.
     pub fn iter(&self) -> impl Iterator<Item = (VirtualNode, &VnodeProgress)> {
-        self.owned.iter().filter_map(|v| self.get(v).map(|p| (v, p)))
+        self.owned
+            .iter()
+            .filter_map(|v| self.get(v).map(|p| (v, p)))
     }
 
     fn entry(&mut self, vnode: VirtualNode) -> Result<&mut Entry> {
@@ -154,7 +158,10 @@ impl ProgressMap {
                         "vnode {vnode}: position would move backwards"
                     )));
                 }
-                VnodeProgress::InProgress { pos, rows: n + rows }
+                VnodeProgress::InProgress {
+                    pos,
+                    rows: n + rows,
+                }
             }
             VnodeProgress::Completed { .. } => {
                 return Err(Error::Internal(format!(
@@ -312,7 +319,10 @@ impl ProgressCodec {
         let width = batch.num_columns();
         let key_width = self.pk.key_schema().fields().len();
         if width != key_width + 3 {
-            return Err(corrupt(format!("{width} columns, expected {}", key_width + 3)));
+            return Err(corrupt(format!(
+                "{width} columns, expected {}",
+                key_width + 3
+            )));
         }
         let vnode = batch.column(0).as_primitive::<UInt16Type>().value(row);
         let finished = batch.column(width - 2).as_boolean();
@@ -416,7 +426,10 @@ mod tests {
     fn unowned_vnodes_are_errors() {
         let count = VnodeCount::new(4).unwrap();
         let mut map = ProgressMap::new(VnodeBitmap::from_vnodes(count, [v(0)]).unwrap());
-        assert!(matches!(map.complete(v(2)), Err(Error::VnodeNotOwned { vnode: 2, .. })));
+        assert!(matches!(
+            map.complete(v(2)),
+            Err(Error::VnodeNotOwned { vnode: 2, .. })
+        ));
         assert_eq!(map.get(v(2)), None);
     }
 
@@ -459,14 +472,23 @@ mod tests {
             assert_eq!(restored.get(vnode), Some(state), "vnode {vnode}");
         }
         assert_eq!(restored.get(v(7)), Some(&VnodeProgress::NotStarted));
-        assert_eq!(restored.changed().count(), 0, "restored state is the committed state");
+        assert_eq!(
+            restored.changed().count(),
+            0,
+            "restored state is the committed state"
+        );
 
         // A later upsert replaces the row.
         map.complete(v(1)).unwrap();
-        table.write(&codec.encode(map.changed()).unwrap().unwrap()).unwrap();
+        table
+            .write(&codec.encode(map.changed()).unwrap().unwrap())
+            .unwrap();
         table.seal(2).unwrap();
         let restored = codec.restore(&table, owned, 2).unwrap();
-        assert_eq!(restored.get(v(1)), Some(&VnodeProgress::Completed { rows: 10 }));
+        assert_eq!(
+            restored.get(v(1)),
+            Some(&VnodeProgress::Completed { rows: 10 })
+        );
     }
 
     #[test]
