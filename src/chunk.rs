@@ -19,7 +19,9 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int8Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, Int8Array, RecordBatch, StringArray, UInt64Array};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Int8Array, RecordBatch, StringArray, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
@@ -241,10 +243,12 @@ impl StreamChunk {
     /// Returns the chunk and, when the batch has an `_epoch` column, the epoch of every row.
     pub fn from_changelog(batch: &RecordBatch) -> Result<(Self, Option<UInt64Array>)> {
         let schema = batch.schema();
-        let op_idx = schema.index_of(OP_COLUMN).map_err(|_| Error::UnknownColumn {
-            column: OP_COLUMN.into(),
-            context: "a changelog batch".into(),
-        })?;
+        let op_idx = schema
+            .index_of(OP_COLUMN)
+            .map_err(|_| Error::UnknownColumn {
+                column: OP_COLUMN.into(),
+                context: "a changelog batch".into(),
+            })?;
         let op_col = batch.column(op_idx);
         if op_col.data_type() != &DataType::Int8 || op_col.null_count() > 0 {
             return Err(Error::InvalidChunk(format!(
@@ -253,7 +257,12 @@ impl StreamChunk {
             )));
         }
         let mut ops = Vec::with_capacity(batch.num_rows());
-        for (row, code) in op_col.as_primitive::<Int8Type>().values().iter().enumerate() {
+        for (row, code) in op_col
+            .as_primitive::<Int8Type>()
+            .values()
+            .iter()
+            .enumerate()
+        {
             ops.push(
                 Op::from_code(*code).map_err(|e| Error::InvalidChunk(format!("row {row}: {e}")))?,
             );
@@ -546,7 +555,10 @@ mod tests {
         columns[0] = Arc::new(Int8Array::from(vec![1, 9]));
         let bad = RecordBatch::try_new(log.schema(), columns).unwrap();
         let err = StreamChunk::from_changelog(&bad).unwrap_err().to_string();
-        assert!(err.contains("row 1") && err.contains("unknown op code 9"), "{err}");
+        assert!(
+            err.contains("row 1") && err.contains("unknown op code 9"),
+            "{err}"
+        );
     }
 
     #[test]
