@@ -1,0 +1,483 @@
+//! The backfill as a state machine without I/O: events in, actions out.
+//!
+//! [`BackfillCore`] knows the algorithm of DESIGN section 7 and nothing of tokio, stores or
+//! channels. The async executor polls its inputs, feeds each event to the core and performs
+//! the [`Action`]s it returns, in order. Tests drive the core directly.
+//!
+//! ```text
+//!                 first barrier                     all vnodes Completed (at a barrier)
+//!  AwaitingFirst ──────────────▶ Backfilling ──────────────────────────────────▶ Done
+//!       │  (restored state                 │  ▲                                      │
+//!       │   already finished)              │  │ barrier: filter buffered chunks,     │ pass-through:
+//!       └──────────────────────────────────┼──┘ replicate, persist, seal, forward    │ chunks and
+//!                                          │                                          │ watermarks
+//!                    Stop mutation ────────┴──────────────▶ Stopped ◀─────────────────┘ flow as is
+//! ```
+//!
+//! Events: [`BackfillCore::on_barrier`], [`BackfillCore::on_upstream_chunk`],
+//! [`BackfillCore::on_watermark`], [`BackfillCore::on_snapshot_output`] (a merged batch of
+//! snapshot rows, with per-vnode positions and exhaustion), [`BackfillCore::on_snapshot_end`]
+//! (every scanned vnode is exhausted).
+//!
+//! Policies, each a named method with its own tests:
+//! - [`BackfillCore::snapshot_active`]: read the snapshot unless paused, throttled to zero,
+//!   finished, or this epoch's snapshot is exhausted.
+//! - [`BackfillCore::owes_snapshot_read`]: before a barrier is handled, an epoch that read
+//!   no snapshot batch reads one, so a busy upstream cannot starve the snapshot (I6).
+//! - Completion: a vnode found exhausted is Completed at once, so the barrier that closes the
+//!   epoch emits that epoch's buffered changes of the vnode unfiltered (the filter's
+//!   Completed rule), and the vnode is never read again.
+//!
+//! How progress is tracked is a [`Tracker`]: per vnode for the arrangement backfill
+//! ([`ArrangementTracker`]), one global position for the no-shuffle baseline.
+
+use std::sync::Arc;
+
+use crate::backfill::filter::UpstreamFilter;
+use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts, VnodeProgress};
+use crate::chunk::{Barrier, EpochPair, Message, Mutation, StreamChunk, Watermark};
+use crate::error::{Error, Result};
+use crate::key::Position;
+use crate::merge::MergeOutput;
+use crate::table::TableDesc;
+use crate::vnode::VirtualNode;
+
+/// How a backfill tracks and persists its progress.
+pub trait Tracker: Send + 'static {
+    /// The vnodes to scan this epoch and the position to scan each after.
+    fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)>;
+    /// Snapshot rows were emitted: advance positions, complete exhausted vnodes.
+    fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()>;
+    /// Every vnode of this epoch's scan plan is exhausted.
+    fn on_snapshot_end(&mut self) -> Result<()>;
+    /// The filter for buffered upstream chunks, prepared with the current positions.
+    fn upstream_filter(&self) -> Result<UpstreamFilter>;
+    /// True when the whole snapshot was emitted.
+    fn is_finished(&self) -> bool;
+    /// The progress rows that changed since the last call, as upserts.
+    fn take_changes(&mut self) -> Result<Option<StreamChunk>>;
+    /// Owned vnodes per state.
+    fn counts(&self) -> VnodeCounts;
+    /// Snapshot rows emitted in all (including before a restart).
+    fn snapshot_rows(&self) -> u64;
+}
+
+/// Per-vnode progress: the arrangement backfill.
+#[derive(Debug, Clone)]
+pub struct ArrangementTracker {
+    desc: Arc<TableDesc>,
+    progress: ProgressMap,
+    codec: ProgressCodec,
+}
+
+impl ArrangementTracker {
+    /// Tracks `progress` (restored or new) of the upstream table `desc`.
+    pub fn new(desc: Arc<TableDesc>, progress: ProgressMap, codec: ProgressCodec) -> Self {
+        Self {
+            desc,
+            progress,
+            codec,
+        }
+    }
+
+    /// The per-vnode progress.
+    pub fn progress(&self) -> &ProgressMap {
+        &self.progress
+    }
+}
+
+impl Tracker for ArrangementTracker {
+    fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)> {
+        self.progress
+            .iter()
+            .filter(|(_, p)| !p.is_completed())
+            .map(|(v, p)| (v, p.position().cloned()))
+            .collect()
+    }
+
+    fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()> {
+        for advance in &out.progress {
+            self.progress
+                .advance(advance.vnode, advance.last.clone(), advance.rows as u64)?;
+        }
+        for vnode in &out.exhausted {
+            self.progress.complete(*vnode)?;
+        }
+        Ok(())
+    }
+
+    fn on_snapshot_end(&mut self) -> Result<()> {
+        let open: Vec<VirtualNode> = self
+            .progress
+            .iter()
+            .filter(|(_, p)| !p.is_completed())
+            .map(|(v, _)| v)
+            .collect();
+        for vnode in open {
+            self.progress.complete(vnode)?;
+        }
+        Ok(())
+    }
+
+    fn upstream_filter(&self) -> Result<UpstreamFilter> {
+        UpstreamFilter::for_progress(self.desc.clone(), &self.progress)
+    }
+
+    fn is_finished(&self) -> bool {
+        self.progress.is_finished()
+    }
+
+    fn take_changes(&mut self) -> Result<Option<StreamChunk>> {
+        let chunk = self.codec.encode(self.progress.changed())?;
+        self.progress.mark_persisted();
+        Ok(chunk)
+    }
+
+    fn counts(&self) -> VnodeCounts {
+        self.progress.counts()
+    }
+
+    fn snapshot_rows(&self) -> u64 {
+        self.progress.total_rows()
+    }
+}
+
+/// What the executor must do, in the order given.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Send a chunk downstream.
+    Emit(StreamChunk),
+    /// Send a watermark downstream (only after finishing).
+    EmitWatermark(Watermark),
+    /// Write an (unfiltered) upstream chunk to the replicated table.
+    Replicate(StreamChunk),
+    /// Write progress rows to the progress table.
+    Persist(StreamChunk),
+    /// Seal the replicated and progress tables at this epoch.
+    Seal(u64),
+    /// Open snapshot scans at `epoch` per the plan, replacing any current ones.
+    StartSnapshot {
+        /// The epoch to read at (the last barrier's `prev`).
+        epoch: u64,
+        /// Vnodes and the position to scan each after.
+        plan: Vec<(VirtualNode, Option<Position>)>,
+    },
+    /// Drop the snapshot scans (paused, throttled to zero, or finished).
+    StopSnapshot,
+    /// Change the snapshot rate limit (rows per second; `None` unlimited).
+    SetRateLimit(Option<u64>),
+    /// Send the barrier downstream.
+    Forward(Barrier),
+    /// The backfill has finished (reported once per run).
+    Finished,
+    /// End the output stream.
+    Stop,
+}
+
+/// Where the backfill is (see the module diagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Nothing but a barrier may come first.
+    AwaitingFirstBarrier,
+    /// Reading the snapshot and buffering upstream changes.
+    Backfilling,
+    /// Finished and reported: a pass-through.
+    Done,
+    /// A `Stop` mutation passed; nothing more is accepted.
+    Stopped,
+}
+
+/// Counters for progress reporting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackfillStats {
+    /// The current epoch.
+    pub epoch: u64,
+    /// Snapshot rows emitted (in all, including before a restart).
+    pub snapshot_rows: u64,
+    /// Snapshot rows emitted by this run.
+    pub snapshot_rows_this_run: u64,
+    /// Upstream rows emitted downstream.
+    pub upstream_rows_emitted: u64,
+    /// Upstream rows dropped by the filter (the snapshot will carry them).
+    pub upstream_rows_dropped: u64,
+    /// Owned vnodes per state.
+    pub vnodes: VnodeCounts,
+    /// The backfill has finished.
+    pub finished: bool,
+}
+
+/// The I/O-free backfill state machine.
+#[derive(Debug)]
+pub struct BackfillCore<T: Tracker> {
+    tracker: T,
+    phase: Phase,
+    epoch: Option<EpochPair>,
+    buffer: Vec<StreamChunk>,
+    paused: bool,
+    rate_limit: Option<u64>,
+    snapshot_reads_this_epoch: usize,
+    snapshot_exhausted: bool,
+    stats: BackfillStats,
+}
+
+impl<T: Tracker> BackfillCore<T> {
+    /// A core over restored (or fresh) progress, with an initial snapshot rate limit.
+    pub fn new(tracker: T, rate_limit: Option<u64>) -> Self {
+        Self {
+            tracker,
+            phase: Phase::AwaitingFirstBarrier,
+            epoch: None,
+            buffer: Vec::new(),
+            paused: false,
+            rate_limit,
+            snapshot_reads_this_epoch: 0,
+            snapshot_exhausted: false,
+            stats: BackfillStats::default(),
+        }
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The progress tracker.
+    pub fn tracker(&self) -> &T {
+        &self.tracker
+    }
+
+    /// Counters for progress reporting.
+    pub fn stats(&self) -> BackfillStats {
+        BackfillStats {
+            snapshot_rows: self.tracker.snapshot_rows(),
+            vnodes: self.tracker.counts(),
+            finished: matches!(self.phase, Phase::Done)
+                || (self.phase == Phase::Stopped && self.tracker.is_finished()),
+            ..self.stats.clone()
+        }
+    }
+
+    /// The snapshot rate limit now in force.
+    pub fn rate_limit(&self) -> Option<u64> {
+        self.rate_limit
+    }
+
+    /// Policy: should the snapshot be read now? Not when paused, throttled to zero, finished
+    /// or already exhausted this epoch.
+    pub fn snapshot_active(&self) -> bool {
+        self.phase == Phase::Backfilling
+            && !self.paused
+            && self.rate_limit != Some(0)
+            && !self.snapshot_exhausted
+    }
+
+    /// Policy (I6): an active epoch that has read no snapshot batch yet must read one before
+    /// its barrier is handled, however busy the upstream is.
+    pub fn owes_snapshot_read(&self) -> bool {
+        self.snapshot_active() && self.snapshot_reads_this_epoch == 0
+    }
+
+    fn check_running(&self, what: &str) -> Result<()> {
+        match self.phase {
+            Phase::AwaitingFirstBarrier => Err(Error::InvalidChunk(format!(
+                "{what} before the first barrier"
+            ))),
+            Phase::Stopped => Err(Error::InvalidChunk(format!("{what} after Stop"))),
+            Phase::Backfilling | Phase::Done => Ok(()),
+        }
+    }
+
+    /// An upstream chunk: buffered while backfilling, passed through once done.
+    pub fn on_upstream_chunk(&mut self, chunk: StreamChunk) -> Result<Vec<Action>> {
+        self.check_running("an upstream chunk")?;
+        if chunk.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.phase == Phase::Done {
+            self.stats.upstream_rows_emitted += chunk.num_rows() as u64;
+            return Ok(vec![Action::Emit(chunk)]);
+        }
+        self.buffer.push(chunk);
+        Ok(Vec::new())
+    }
+
+    /// A watermark: dropped while backfilling, forwarded once done.
+    pub fn on_watermark(&mut self, watermark: Watermark) -> Result<Vec<Action>> {
+        self.check_running("a watermark")?;
+        Ok(match self.phase {
+            Phase::Done => vec![Action::EmitWatermark(watermark)],
+            _ => Vec::new(),
+        })
+    }
+
+    /// A batch of snapshot rows in key order (merged or per vnode): emitted as inserts.
+    pub fn on_snapshot_output(&mut self, out: MergeOutput) -> Result<Vec<Action>> {
+        if self.phase != Phase::Backfilling || self.snapshot_exhausted {
+            return Err(Error::Internal(format!(
+                "snapshot output in phase {:?} (exhausted: {})",
+                self.phase, self.snapshot_exhausted
+            )));
+        }
+        self.snapshot_reads_this_epoch += 1;
+        self.tracker.on_snapshot(&out)?;
+        let rows = out.batch.num_rows() as u64;
+        self.stats.snapshot_rows_this_run += rows;
+        Ok(if rows == 0 {
+            Vec::new()
+        } else {
+            vec![Action::Emit(StreamChunk::inserts(out.batch.batch))]
+        })
+    }
+
+    /// The snapshot scans of this epoch are all exhausted.
+    pub fn on_snapshot_end(&mut self) -> Result<Vec<Action>> {
+        if self.phase != Phase::Backfilling {
+            return Err(Error::Internal(format!(
+                "snapshot end in phase {:?}",
+                self.phase
+            )));
+        }
+        self.snapshot_reads_this_epoch += 1;
+        self.snapshot_exhausted = true;
+        self.tracker.on_snapshot_end()?;
+        Ok(vec![Action::StopSnapshot])
+    }
+
+    /// A barrier. While backfilling, in this order: emit the buffered chunks filtered by the
+    /// current positions, replicate them unfiltered, persist changed progress, seal, apply
+    /// the mutation, forward the barrier, then report finishing or reopen the snapshot.
+    pub fn on_barrier(&mut self, barrier: Barrier) -> Result<Vec<Action>> {
+        match self.phase {
+            Phase::AwaitingFirstBarrier => return self.on_first_barrier(barrier),
+            Phase::Stopped => {
+                return Err(Error::InvalidChunk("a barrier after Stop".into()));
+            }
+            Phase::Backfilling | Phase::Done => {}
+        }
+        let current = self
+            .epoch
+            .ok_or_else(|| Error::Internal("running without an epoch".into()))?;
+        if barrier.epoch.prev != current.curr || barrier.epoch.curr <= barrier.epoch.prev {
+            return Err(Error::EpochOrder {
+                context: format!(
+                    "barrier {}->{} (the open epoch is {})",
+                    barrier.epoch.prev, barrier.epoch.curr, current.curr
+                ),
+                epoch: barrier.epoch.curr,
+                previous: current.curr,
+            });
+        }
+        self.epoch = Some(barrier.epoch);
+        self.stats.epoch = barrier.epoch.curr;
+        let mut actions = Vec::new();
+        if self.phase == Phase::Backfilling {
+            self.flush_buffer(&mut actions)?;
+            if let Some(progress) = self.tracker.take_changes()? {
+                actions.push(Action::Persist(progress));
+            }
+            actions.push(Action::Seal(barrier.epoch.prev));
+        }
+        let stop = self.apply_mutation(barrier.mutation.as_ref(), &mut actions);
+        actions.push(Action::Forward(barrier.clone()));
+        if self.phase == Phase::Backfilling {
+            self.snapshot_reads_this_epoch = 0;
+            self.snapshot_exhausted = false;
+            if self.tracker.is_finished() {
+                self.phase = Phase::Done;
+                actions.push(Action::StopSnapshot);
+                actions.push(Action::Finished);
+            } else {
+                actions.push(self.snapshot_action(barrier.epoch.prev));
+            }
+        }
+        if stop {
+            self.phase = Phase::Stopped;
+            actions.push(Action::StopSnapshot);
+            actions.push(Action::Stop);
+        }
+        Ok(actions)
+    }
+
+    fn on_first_barrier(&mut self, barrier: Barrier) -> Result<Vec<Action>> {
+        self.epoch = Some(barrier.epoch);
+        self.stats.epoch = barrier.epoch.curr;
+        let mut actions = Vec::new();
+        let stop = self.apply_mutation(barrier.mutation.as_ref(), &mut actions);
+        actions.push(Action::Forward(barrier.clone()));
+        if self.tracker.is_finished() {
+            // Restored an already finished backfill: report it once for this run.
+            self.phase = Phase::Done;
+            actions.push(Action::Finished);
+        } else {
+            self.phase = Phase::Backfilling;
+            actions.push(self.snapshot_action(barrier.epoch.prev));
+        }
+        if stop {
+            self.phase = Phase::Stopped;
+            actions.push(Action::StopSnapshot);
+            actions.push(Action::Stop);
+        }
+        Ok(actions)
+    }
+
+    /// Filters and emits the buffered chunks, and replicates them unfiltered.
+    fn flush_buffer(&mut self, actions: &mut Vec<Action>) -> Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let filter = self.tracker.upstream_filter()?;
+        let buffered = std::mem::take(&mut self.buffer);
+        for chunk in &buffered {
+            let kept = filter.filter(chunk)?;
+            self.stats.upstream_rows_emitted += kept.num_rows() as u64;
+            self.stats.upstream_rows_dropped += (chunk.num_rows() - kept.num_rows()) as u64;
+            if !kept.is_empty() {
+                actions.push(Action::Emit(kept));
+            }
+        }
+        if !self.tracker.is_finished() {
+            actions.extend(buffered.into_iter().map(Action::Replicate));
+        }
+        Ok(())
+    }
+
+    /// Applies a mutation; returns true for `Stop`.
+    fn apply_mutation(&mut self, mutation: Option<&Mutation>, actions: &mut Vec<Action>) -> bool {
+        match mutation {
+            Some(Mutation::Pause) => self.paused = true,
+            Some(Mutation::Resume) => self.paused = false,
+            Some(Mutation::Throttle { rows_per_second }) => {
+                self.rate_limit = *rows_per_second;
+                actions.push(Action::SetRateLimit(*rows_per_second));
+            }
+            Some(Mutation::Stop) => return true,
+            None => {}
+        }
+        false
+    }
+
+    fn snapshot_action(&self, epoch: u64) -> Action {
+        if self.paused || self.rate_limit == Some(0) {
+            Action::StopSnapshot
+        } else {
+            Action::StartSnapshot {
+                epoch,
+                plan: self.tracker.scan_plan(),
+            }
+        }
+    }
+}
+
+/// Applies actions that only produce messages (for tests and simple drivers): returns the
+/// messages, ignoring store actions.
+pub fn messages_of(actions: &[Action]) -> Vec<Message> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Emit(c) => Some(Message::Chunk(c.clone())),
+            Action::EmitWatermark(w) => Some(Message::Watermark(w.clone())),
+            Action::Forward(b) => Some(Message::Barrier(b.clone())),
+            _ => None,
+        })
+        .collect()
+}

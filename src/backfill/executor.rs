@@ -1,0 +1,460 @@
+//! The async backfill executor: polls the upstream and the snapshot, performs the core's
+//! actions.
+//!
+//! ```text
+//!   upstream Message stream ──▶ ┌──────────────────────────────┐ ──▶ downstream Message stream
+//!                               │ driver loop (one tokio task) │
+//!   replicated table scans ───▶ │   BackfillCore (no I/O)      │ ──▶ replicated / progress
+//!   (k-way merge or per vnode)  └──────────────────────────────┘     table writes and seals
+//! ```
+//!
+//! Scheduling: when both sides are ready the driver alternates, one upstream message then
+//! one snapshot batch, so neither starves the other. Before it handles a barrier, an epoch
+//! that has read no snapshot batch reads one ([`BackfillCore::owes_snapshot_read`], I6). A
+//! token bucket limits snapshot rows per second (changed online by `Throttle`; 0 pauses the
+//! snapshot side only). Progress is published on a `tokio::sync::watch` channel.
+//!
+//! The store commits nothing by itself: whoever collects the checkpoint barrier from the
+//! output (the job, or a test) calls [`StateStore::commit`] with its `prev` epoch.
+//!
+//! # Cancel safety
+//! The driver waits in `tokio::select!` on `StreamExt::next` of the upstream (cancel safe:
+//! dropping the future loses no message) and on a rate-limit `sleep` (stateless). The output
+//! stream itself may be dropped at any point; nothing is committed that was not collected.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backfill::core::{Action, ArrangementTracker, BackfillCore, BackfillStats, Tracker};
+use crate::backfill::progress::ProgressCodec;
+use crate::chunk::Message;
+use crate::error::{Error, Result};
+use crate::merge::{KWayMerge, RoundRobin, SnapshotMerger};
+use crate::store::{StateStore, StateTable};
+use crate::table::TableDesc;
+use crate::vnode::VnodeBitmap;
+
+/// The order in which snapshot rows leave the backfill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SnapshotOrder {
+    /// One key-ordered stream over all vnodes (k-way merge).
+    #[default]
+    Merged,
+    /// Whole per-vnode batches, round robin; cheaper, no global order.
+    Unordered,
+}
+
+/// Settings of a backfill executor.
+#[derive(Debug, Clone)]
+pub struct BackfillConfig {
+    /// Rows per snapshot output batch.
+    pub batch_size: usize,
+    /// Merged or per-vnode snapshot order.
+    pub order: SnapshotOrder,
+    /// Initial snapshot rate limit in rows per second (`None`: unlimited; `Some(0)`: paused).
+    pub rate_limit: Option<u64>,
+    /// The progress table's name; defaults to `<upstream>.backfill_progress`.
+    pub progress_table: Option<String>,
+}
+
+impl Default for BackfillConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 1024,
+            order: SnapshotOrder::Merged,
+            rate_limit: None,
+            progress_table: None,
+        }
+    }
+}
+
+/// Restores a tracker from the progress table at an epoch.
+type Restore<S, T> =
+    Box<dyn FnOnce(&<S as StateStore>::Table, VnodeBitmap, u64) -> Result<T> + Send>;
+
+/// A backfill of one upstream table over some of its vnodes.
+pub struct BackfillExecutor<S: StateStore, T: Tracker> {
+    desc: Arc<TableDesc>,
+    vnodes: VnodeBitmap,
+    config: BackfillConfig,
+    replicated: S::Table,
+    progress_table: S::Table,
+    restore: Restore<S, T>,
+    stats_tx: watch::Sender<BackfillStats>,
+}
+
+/// Opens the replicated upstream handle and the progress table (created on first use).
+fn open_tables<S: StateStore>(
+    store: &S,
+    upstream: &str,
+    vnodes: &VnodeBitmap,
+    config: &BackfillConfig,
+) -> Result<(S::Table, S::Table, ProgressCodec)> {
+    if config.batch_size == 0 {
+        return Err(Error::InvalidConfig("batch size must be at least 1".into()));
+    }
+    let replicated = store.replicated_table(upstream, vnodes.clone())?;
+    let desc = replicated.desc().clone();
+    let name = config
+        .progress_table
+        .clone()
+        .unwrap_or_else(|| format!("{upstream}.backfill_progress"));
+    let codec = ProgressCodec::new(&name, desc.pk(), desc.vnode_count())?;
+    match store.create_table(codec.desc().as_ref().clone()) {
+        Ok(_) | Err(Error::TableExists(_)) => {}
+        Err(e) => return Err(e),
+    }
+    let progress_table = store.table(&name, vnodes.clone())?;
+    progress_table
+        .desc()
+        .check_schema(codec.desc().schema(), "the backfill progress")?;
+    Ok((replicated, progress_table, codec))
+}
+
+impl<S: StateStore> BackfillExecutor<S, ArrangementTracker> {
+    /// The arrangement backfill of `upstream` (a table in `store`) over `vnodes`.
+    pub fn arrangement(
+        store: &S,
+        upstream: &str,
+        vnodes: VnodeBitmap,
+        config: BackfillConfig,
+    ) -> Result<Self> {
+        let (replicated, progress_table, codec) = open_tables(store, upstream, &vnodes, &config)?;
+        let desc = replicated.desc().clone();
+        let tracker_desc = desc.clone();
+        let restore: Restore<S, ArrangementTracker> = Box::new(move |table, owned, epoch| {
+            let progress = codec.restore(table, owned, epoch)?;
+            Ok(ArrangementTracker::new(tracker_desc, progress, codec))
+        });
+        Ok(Self::with_tracker(desc, vnodes, config, replicated, progress_table, restore))
+    }
+}
+
+impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
+    pub(crate) fn with_tracker(
+        desc: Arc<TableDesc>,
+        vnodes: VnodeBitmap,
+        config: BackfillConfig,
+        replicated: S::Table,
+        progress_table: S::Table,
+        restore: Restore<S, T>,
+    ) -> Self {
+        let (stats_tx, _) = watch::channel(BackfillStats::default());
+        Self {
+            desc,
+            vnodes,
+            config,
+            replicated,
+            progress_table,
+            restore,
+            stats_tx,
+        }
+    }
+
+    /// A live view of the backfill's counters.
+    pub fn progress(&self) -> watch::Receiver<BackfillStats> {
+        self.stats_tx.subscribe()
+    }
+
+    /// Runs the backfill over an upstream message stream (which must start with a barrier).
+    /// The output stream ends after a `Stop` barrier, when the upstream ends, or after the
+    /// first error (which it yields).
+    pub fn execute<U>(self, upstream: U) -> impl Stream<Item = Result<Message>> + Send
+    where
+        U: Stream<Item = Result<Message>> + Send + Unpin + 'static,
+    {
+        let driver = Driver {
+            upstream,
+            exec: self,
+            core: None,
+            merger: None,
+            limiter: RateLimiter::new(None),
+            out: VecDeque::new(),
+            prefer_snapshot: false,
+            ended: false,
+        };
+        futures::stream::unfold(Some(driver), |driver| async move {
+            let mut driver = driver?;
+            match driver.next_message().await {
+                Ok(Some(message)) => Some((Ok(message), Some(driver))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+}
+
+struct Driver<S: StateStore, T: Tracker, U> {
+    upstream: U,
+    exec: BackfillExecutor<S, T>,
+    core: Option<BackfillCore<T>>,
+    merger: Option<Box<dyn SnapshotMerger>>,
+    limiter: RateLimiter,
+    out: VecDeque<Message>,
+    prefer_snapshot: bool,
+    ended: bool,
+}
+
+/// What the driver does next.
+enum Step {
+    Upstream(Option<Result<Message>>),
+    Snapshot,
+    Wait,
+}
+
+impl<S, T, U> Driver<S, T, U>
+where
+    S: StateStore,
+    T: Tracker,
+    U: Stream<Item = Result<Message>> + Send + Unpin + 'static,
+{
+    async fn next_message(&mut self) -> Result<Option<Message>> {
+        loop {
+            if let Some(message) = self.out.pop_front() {
+                return Ok(Some(message));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            self.step().await?;
+        }
+    }
+
+    fn snapshot_ready(&self) -> bool {
+        self.merger.is_some() && self.core.as_ref().is_some_and(|c| c.snapshot_active())
+    }
+
+    /// One scheduling decision and its event.
+    async fn step(&mut self) -> Result<()> {
+        let snapshot = self.snapshot_ready();
+        let tokens = snapshot && self.limiter.has_tokens();
+        let step = if tokens && self.prefer_snapshot {
+            Step::Snapshot
+        } else if tokens {
+            // Take the upstream if it is ready now; otherwise read the snapshot.
+            tokio::select! {
+                biased;
+                message = self.upstream.next() => Step::Upstream(message),
+                _ = std::future::ready(()) => Step::Snapshot,
+            }
+        } else if snapshot {
+            // Rate-limited: wait for the upstream or for tokens, whichever comes first.
+            let wait = self.limiter.wait_time();
+            tokio::select! {
+                message = self.upstream.next() => Step::Upstream(message),
+                _ = tokio::time::sleep(wait) => Step::Wait,
+            }
+        } else {
+            Step::Upstream(self.upstream.next().await)
+        };
+        match step {
+            Step::Snapshot => {
+                self.prefer_snapshot = false;
+                self.read_snapshot()
+            }
+            Step::Upstream(message) => {
+                self.prefer_snapshot = true;
+                match message {
+                    Some(message) => self.on_upstream(message?),
+                    None => {
+                        self.ended = true;
+                        Ok(())
+                    }
+                }
+            }
+            Step::Wait => Ok(()),
+        }
+    }
+
+    fn on_upstream(&mut self, message: Message) -> Result<()> {
+        let Some(core) = self.core.as_mut() else {
+            return self.on_first_message(message);
+        };
+        let actions = match message {
+            Message::Chunk(chunk) => core.on_upstream_chunk(chunk)?,
+            Message::Watermark(w) => core.on_watermark(w)?,
+            Message::Barrier(barrier) => {
+                if core.owes_snapshot_read() && self.merger.is_some() {
+                    self.read_snapshot()?;
+                }
+                let core = self
+                    .core
+                    .as_mut()
+                    .ok_or_else(|| Error::Internal("core vanished".into()))?;
+                core.on_barrier(barrier)?
+            }
+        };
+        self.perform(actions)
+    }
+
+    fn on_first_message(&mut self, message: Message) -> Result<()> {
+        let Message::Barrier(barrier) = message else {
+            return Err(Error::InvalidChunk(
+                "the upstream must start with a barrier".into(),
+            ));
+        };
+        let restore = std::mem::replace(
+            &mut self.exec.restore,
+            Box::new(|_, _, _| Err(Error::Internal("restored twice".into()))),
+        );
+        let tracker = restore(
+            &self.exec.progress_table,
+            self.exec.vnodes.clone(),
+            barrier.epoch.prev,
+        )?;
+        let mut core = BackfillCore::new(tracker, self.exec.config.rate_limit);
+        self.limiter.set_rate(core.rate_limit());
+        let actions = core.on_barrier(barrier)?;
+        self.core = Some(core);
+        self.perform(actions)
+    }
+
+    fn read_snapshot(&mut self) -> Result<()> {
+        let (Some(merger), Some(core)) = (self.merger.as_mut(), self.core.as_mut()) else {
+            return Ok(());
+        };
+        let actions = match merger.next_output()? {
+            Some(output) => {
+                self.limiter.consume(output.batch.num_rows());
+                core.on_snapshot_output(output)?
+            }
+            None => {
+                self.merger = None;
+                core.on_snapshot_end()?
+            }
+        };
+        self.perform(actions)
+    }
+
+    fn perform(&mut self, actions: Vec<Action>) -> Result<()> {
+        for action in actions {
+            match action {
+                Action::Emit(chunk) => self.out.push_back(Message::Chunk(chunk)),
+                Action::EmitWatermark(w) => self.out.push_back(Message::Watermark(w)),
+                Action::Forward(barrier) => self.out.push_back(Message::Barrier(barrier)),
+                Action::Replicate(chunk) => self.exec.replicated.write(&chunk)?,
+                Action::Persist(chunk) => self.exec.progress_table.write(&chunk)?,
+                Action::Seal(epoch) => {
+                    self.exec.replicated.seal(epoch)?;
+                    self.exec.progress_table.seal(epoch)?;
+                }
+                Action::StartSnapshot { epoch, plan } => self.start_snapshot(epoch, plan)?,
+                Action::StopSnapshot => self.merger = None,
+                Action::SetRateLimit(rate) => self.limiter.set_rate(rate),
+                Action::Finished | Action::Stop => {
+                    if matches!(action, Action::Stop) {
+                        self.ended = true;
+                    }
+                }
+            }
+        }
+        if let Some(core) = &self.core {
+            self.exec.stats_tx.send_replace(core.stats());
+        }
+        Ok(())
+    }
+
+    fn start_snapshot(
+        &mut self,
+        epoch: u64,
+        plan: Vec<(crate::vnode::VirtualNode, Option<crate::key::Position>)>,
+    ) -> Result<()> {
+        let batch_size = self.exec.config.batch_size;
+        let merged = self.exec.config.order == SnapshotOrder::Merged;
+        // A k-way merge holds one batch per input: read small per-vnode batches so an epoch
+        // does not read far more than it emits (rows read but not emitted are read again).
+        let read_size = if merged {
+            (batch_size / plan.len().max(1)).clamp(MIN_MERGE_READ.min(batch_size), batch_size)
+        } else {
+            batch_size
+        };
+        let mut inputs = Vec::with_capacity(plan.len());
+        for (vnode, pos) in plan {
+            let scan = self
+                .exec
+                .replicated
+                .scan(vnode, pos.as_ref(), epoch, read_size)?;
+            inputs.push((vnode, scan));
+        }
+        let pk = self.exec.desc.pk();
+        self.merger = Some(if merged {
+            Box::new(KWayMerge::new(pk, inputs, batch_size)?)
+        } else {
+            Box::new(RoundRobin::new(pk, inputs)?)
+        });
+        Ok(())
+    }
+}
+
+/// The smallest per-vnode read of the k-way merge.
+const MIN_MERGE_READ: usize = 64;
+
+/// A token bucket of snapshot rows. Reads may overdraw it by one batch (so a limited epoch
+/// still makes progress); the debt is paid by waiting.
+#[derive(Debug)]
+struct RateLimiter {
+    rate: Option<u64>,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimiter {
+    fn new(rate: Option<u64>) -> Self {
+        Self {
+            rate,
+            tokens: 0.0,
+            last: Instant::now(),
+        }
+    }
+
+    fn set_rate(&mut self, rate: Option<u64>) {
+        self.refill();
+        self.rate = rate;
+        if let Some(rate) = rate {
+            self.tokens = self.tokens.min(rate as f64);
+        }
+    }
+
+    fn refill(&mut self) {
+        let now = Instant::now();
+        if let Some(rate) = self.rate {
+            let elapsed = now.duration_since(self.last).as_secs_f64();
+            // At most one second of burst.
+            self.tokens = (self.tokens + elapsed * rate as f64).min(rate.max(1) as f64);
+        }
+        self.last = now;
+    }
+
+    fn has_tokens(&mut self) -> bool {
+        match self.rate {
+            None => true,
+            Some(0) => false,
+            Some(_) => {
+                self.refill();
+                self.tokens > 0.0
+            }
+        }
+    }
+
+    fn consume(&mut self, rows: usize) {
+        if self.rate.is_some() {
+            self.tokens -= rows as f64;
+        }
+    }
+
+    fn wait_time(&mut self) -> Duration {
+        self.refill();
+        match self.rate {
+            Some(rate) if rate > 0 && self.tokens <= 0.0 => {
+                Duration::from_secs_f64((-self.tokens + 1.0) / rate as f64)
+            }
+            Some(0) => Duration::from_secs(3600),
+            _ => Duration::ZERO,
+        }
+    }
+}
