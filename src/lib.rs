@@ -3,5 +3,6 @@
 
 pub mod chunk;
 pub mod error;
+pub mod vnode;
 
 pub use error::{Error, Result};
