@@ -1127,7 +1127,7 @@ mod tests {
         let key = arc(Int64Array::from(vec![1]));
         let count = VnodeCount::new(1000).unwrap();
         assert_eq!(
-            compute_vnodes(&[key.clone()], 1, count).unwrap()[0].get(),
+            compute_vnodes(std::slice::from_ref(&key), 1, count).unwrap()[0].get(),
             735
         );
         assert_eq!(vnode_of_row(&[key], 0, count).unwrap().get(), 735);
@@ -1149,10 +1149,14 @@ mod tests {
         ];
         let zeros = arc(Float64Array::from(vec![0.0, -0.0]));
         let nans = arc(Float64Array::from(nan64.to_vec()));
-        assert!(all_equal(&hash_rows(&[zeros.clone()], 2).unwrap()));
-        assert!(all_equal(&hash_rows(&[nans.clone()], 4).unwrap()));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&zeros), 2).unwrap()
+        ));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&nans), 4).unwrap()
+        ));
         check_differential(&[zeros], 2, VnodeCount::DEFAULT);
-        check_differential(&[nans.clone()], 4, VnodeCount::DEFAULT);
+        check_differential(std::slice::from_ref(&nans), 4, VnodeCount::DEFAULT);
         assert_eq!(
             hash_rows(&[nans], 4).unwrap()[0],
             crc32fast::hash(&f64::NAN.to_le_bytes())
@@ -1165,10 +1169,14 @@ mod tests {
             f32::from_bits(0x7F80_0001),
             f32::from_bits(0xFFC0_1234),
         ]));
-        assert!(all_equal(&hash_rows(&[zeros.clone()], 2).unwrap()));
-        assert!(all_equal(&hash_rows(&[nans.clone()], 4).unwrap()));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&zeros), 2).unwrap()
+        ));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&nans), 4).unwrap()
+        ));
         check_differential(&[zeros], 2, VnodeCount::DEFAULT);
-        check_differential(&[nans.clone()], 4, VnodeCount::DEFAULT);
+        check_differential(std::slice::from_ref(&nans), 4, VnodeCount::DEFAULT);
         assert_eq!(
             hash_rows(&[nans], 4).unwrap()[0],
             crc32fast::hash(&f32::NAN.to_le_bytes())
@@ -1176,10 +1184,14 @@ mod tests {
 
         let zeros = f16_array(&[Some(0x0000), Some(0x8000)]);
         let nans = f16_array(&[Some(0x7E00), Some(0xFE00), Some(0x7C01), Some(0xFFFF)]);
-        assert!(all_equal(&hash_rows(&[zeros.clone()], 2).unwrap()));
-        assert!(all_equal(&hash_rows(&[nans.clone()], 4).unwrap()));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&zeros), 2).unwrap()
+        ));
+        assert!(all_equal(
+            &hash_rows(std::slice::from_ref(&nans), 4).unwrap()
+        ));
         check_differential(&[zeros], 2, VnodeCount::DEFAULT);
-        check_differential(&[nans.clone()], 4, VnodeCount::DEFAULT);
+        check_differential(std::slice::from_ref(&nans), 4, VnodeCount::DEFAULT);
         assert_eq!(
             hash_rows(&[nans], 4).unwrap()[0],
             crc32fast::hash(&[0x00, 0x7E])
@@ -1617,7 +1629,11 @@ mod tests {
         for data_type in types {
             let column = new_null_array(&data_type, 2);
             let ok = check_hashable("k", &data_type).is_ok();
-            assert_eq!(hash_rows(&[column.clone()], 2).is_ok(), ok, "{data_type}");
+            assert_eq!(
+                hash_rows(std::slice::from_ref(&column), 2).is_ok(),
+                ok,
+                "{data_type}"
+            );
             assert_eq!(hash_row(&[column], 1).is_ok(), ok, "{data_type}");
         }
     }
