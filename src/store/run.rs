@@ -40,10 +40,6 @@ impl Run {
         self.data.keys.value(i)
     }
 
-    fn is_deleted(&self, i: usize) -> bool {
-        self.deleted.as_ref().is_some_and(|d| d.value(i))
-    }
-
     /// The first row whose key is strictly greater than `after`.
     fn start_after(&self, after: Option<&[u8]>) -> usize {
         match after {
@@ -205,93 +201,120 @@ impl MergeReader {
     }
 
     /// The next batch of visible rows, or `None` when exhausted.
+    ///
+    /// Rows are taken in ranges: the winning source contributes every row whose key is below
+    /// the smallest head of the other sources in one step (a binary search), so a base with
+    /// sparse deltas is copied range by range, and a lone source is sliced without copying.
     pub fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
-        if self.sources.len() == 1 {
-            return self.next_slice();
-        }
-        let mut picks: Vec<(usize, usize)> = Vec::with_capacity(self.batch_size);
-        while picks.len() < self.batch_size {
-            // The smallest key; among equals the newest source (highest index) wins.
+        let mut pieces: Vec<(usize, usize, usize)> = Vec::new(); // (run id, start, len)
+        let mut total = 0;
+        while total < self.batch_size {
+            // The smallest head; among equal keys the newest source (highest index) wins.
             let mut best: Option<(usize, usize, usize)> = None; // (source, run id, row)
             for s in 0..self.sources.len() {
                 if let Some((id, row)) = self.head(s) {
-                    let better = match best {
-                        None => true,
-                        Some((_, bid, brow)) => self.runs[id].key(row) <= self.runs[bid].key(brow),
-                    };
+                    let better = best.is_none_or(|(_, bid, brow)| {
+                        self.runs[id].key(row) <= self.runs[bid].key(brow)
+                    });
                     if better {
                         best = Some((s, id, row));
                     }
                 }
             }
-            let Some((_, id, row)) = best else { break };
-            let key = self.runs[id].data.keys.value(row).to_vec();
-            for s in 0..self.sources.len() {
-                if let Some((sid, srow)) = self.head(s)
-                    && self.runs[sid].key(srow) == key.as_slice()
-                {
-                    self.sources[s].row += 1;
-                    self.settle(s);
-                }
-            }
-            if !self.runs[id].is_deleted(row) {
-                picks.push((id, row));
-            }
-        }
-        if picks.is_empty() {
-            return Ok(None);
-        }
-        let batches: Vec<&RecordBatch> = self.runs.iter().map(|r| &r.data.batch).collect();
-        let keys: Vec<&dyn Array> = self
-            .runs
-            .iter()
-            .map(|r| &r.data.keys as &dyn Array)
-            .collect();
-        let batch = arrow_select::interleave::interleave_record_batch(&batches, &picks)?;
-        let keys = arrow_select::interleave::interleave(&keys, &picks)?
-            .as_binary::<i32>()
-            .clone();
-        Ok(Some(KeyedBatch { batch, keys }))
-    }
-
-    /// The fast path for a single tombstone-free source: zero-copy slices.
-    fn next_slice(&mut self) -> Result<Option<KeyedBatch>> {
-        loop {
-            let Some((id, row)) = self.head(0) else {
-                return Ok(None);
-            };
+            let Some((winner, id, row)) = best else { break };
             let run = self.runs[id].clone();
-            if run.deleted.is_some() {
-                // Tombstones in a lone source hide rows: skip them one run at a time.
-                let end = run.len();
-                let mut picked = Vec::new();
-                let mut r = row;
-                while r < end && picked.len() < self.batch_size {
-                    if !run.is_deleted(r) {
-                        picked.push(r as u32);
+            // The smallest head among the other sources bounds the winner's range.
+            let mut bound: Option<&[u8]> = None;
+            for s in (0..self.sources.len()).filter(|s| *s != winner) {
+                if let Some((sid, srow)) = self.head(s) {
+                    let key = self.runs[sid].key(srow);
+                    if bound.is_none_or(|b| key < b) {
+                        bound = Some(key);
                     }
-                    r += 1;
                 }
-                self.sources[0].row = r;
-                self.settle(0);
-                if picked.is_empty() {
-                    continue;
-                }
-                let take = UInt32Array::from(picked);
-                let batch = arrow_select::take::take_record_batch(&run.data.batch, &take)?;
-                let keys = arrow_select::take::take(&run.data.keys, &take, None)?;
-                return Ok(Some(KeyedBatch {
-                    batch,
-                    keys: keys.as_binary::<i32>().clone(),
-                }));
             }
-            let len = (run.len() - row).min(self.batch_size);
-            let out = run.data.slice(row, len);
-            self.sources[0].row += len;
-            self.settle(0);
-            return Ok(Some(out));
+            let room = self.batch_size - total;
+            let end = match bound {
+                None => run.len(),
+                Some(bound) => row + partition_point(run.len() - row, |j| run.key(row + j) < bound),
+            }
+            .min(row + room);
+            if end > row {
+                // Rows strictly below every other head: take them, skipping tombstones.
+                total += push_live(&mut pieces, &run, id, row, end);
+                self.sources[winner].row = end;
+                self.settle(winner);
+            } else {
+                // The winner ties another head: one row, and every source at that key moves on.
+                let key = run.key(row).to_vec();
+                for s in 0..self.sources.len() {
+                    if let Some((sid, srow)) = self.head(s)
+                        && self.runs[sid].key(srow) == key.as_slice()
+                    {
+                        self.sources[s].row += 1;
+                        self.settle(s);
+                    }
+                }
+                total += push_live(&mut pieces, &run, id, row, row + 1);
+            }
+        }
+        match pieces.as_slice() {
+            [] => Ok(None),
+            [(id, start, len)] => Ok(Some(self.runs[*id].data.slice(*start, *len))),
+            _ => {
+                let slices: Vec<KeyedBatch> = pieces
+                    .iter()
+                    .map(|(id, start, len)| self.runs[*id].data.slice(*start, *len))
+                    .collect();
+                let schema = slices[0].batch.schema();
+                let batch =
+                    arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
+                let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
+                let keys = arrow_select::concat::concat(&keys)?
+                    .as_binary::<i32>()
+                    .clone();
+                Ok(Some(KeyedBatch { batch, keys }))
+            }
         }
     }
+}
+
+/// Appends the live rows of `run[start..end]` to `pieces` as ranges; returns their count.
+fn push_live(
+    pieces: &mut Vec<(usize, usize, usize)>,
+    run: &Run,
+    id: usize,
+    start: usize,
+    end: usize,
+) -> usize {
+    let mut pushed = 0;
+    let mut push = |from: usize, to: usize| {
+        if to > from {
+            match pieces.last_mut() {
+                Some((last_id, last_start, last_len))
+                    if *last_id == id && *last_start + *last_len == from =>
+                {
+                    *last_len += to - from;
+                }
+                _ => pieces.push((id, from, to - from)),
+            }
+            pushed += to - from;
+        }
+    };
+    match &run.deleted {
+        None => push(start, end),
+        Some(deleted) => {
+            let mut from = start;
+            for i in start..end {
+                if deleted.value(i) {
+                    push(from, i);
+                    from = i + 1;
+                }
+            }
+            push(from, end);
+        }
+    }
+    pushed
 }
 
 /// Applies delta runs (oldest first) to a vnode's base segments. Segments whose key range no
