@@ -60,6 +60,10 @@ pub trait Tracker: Send + 'static {
     fn counts(&self) -> VnodeCounts;
     /// Snapshot rows emitted in all (including before a restart).
     fn snapshot_rows(&self) -> u64;
+    /// True when snapshot rows must leave in global key order (the k-way merge).
+    fn needs_global_order(&self) -> bool {
+        false
+    }
 }
 
 /// Per-vnode progress: the arrangement backfill.

@@ -89,7 +89,7 @@ pub struct BackfillExecutor<S: StateStore, T: Tracker> {
 }
 
 /// Opens the replicated upstream handle and the progress table (created on first use).
-fn open_tables<S: StateStore>(
+pub(crate) fn open_tables<S: StateStore>(
     store: &S,
     upstream: &str,
     vnodes: &VnodeBitmap,
@@ -365,7 +365,8 @@ where
         plan: Vec<(crate::vnode::VirtualNode, Option<crate::key::Position>)>,
     ) -> Result<()> {
         let batch_size = self.exec.config.batch_size;
-        let merged = self.exec.config.order == SnapshotOrder::Merged;
+        let merged = self.exec.config.order == SnapshotOrder::Merged
+            || self.core.as_ref().is_some_and(|c| c.tracker().needs_global_order());
         // A k-way merge holds one batch per input: read small per-vnode batches so an epoch
         // does not read far more than it emits (rows read but not emitted are read again).
         let read_size = if merged {
@@ -385,7 +386,7 @@ where
         self.merger = Some(if merged {
             Box::new(KWayMerge::new(pk, inputs, batch_size)?)
         } else {
-            Box::new(RoundRobin::new(pk, inputs)?)
+            Box::new(RoundRobin::new(inputs))
         });
         Ok(())
     }

@@ -84,6 +84,16 @@ impl MemoryStore {
             .map_err(|_| Error::Internal("memory store lock poisoned".into()))
     }
 
+    /// Drops every sealed layer above the committed epoch, as a crash would: what is left
+    /// is exactly the committed state. Handles opened before must not be used afterwards.
+    pub fn discard_uncommitted(&self) -> Result<()> {
+        let mut inner = self.write()?;
+        for table in inner.tables.values_mut() {
+            table.sealed.clear();
+        }
+        Ok(())
+    }
+
     fn open(&self, name: &str, vnodes: VnodeBitmap, replicated: bool) -> Result<MemoryTable> {
         let desc = self.read()?.table(name)?.desc.clone();
         if vnodes.count() != desc.vnode_count() {
