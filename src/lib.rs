@@ -5,6 +5,7 @@ pub mod backfill;
 pub mod chunk;
 pub mod error;
 pub mod key;
+pub mod merge;
 pub mod store;
 pub mod table;
 pub mod vnode;

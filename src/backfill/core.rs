@@ -34,7 +34,7 @@
 use std::sync::Arc;
 
 use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts, VnodeProgress};
+use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts};
 use crate::chunk::{Barrier, EpochPair, Message, Mutation, StreamChunk, Watermark};
 use crate::error::{Error, Result};
 use crate::key::Position;

@@ -1,0 +1,237 @@
+//! How merged rows are materialized: indices first, one `interleave` per column at the end.
+//!
+//! The merge loop does not copy rows. Each input batch it receives goes into a *slot*; each
+//! winning row is recorded as `(slot, row)`. [`OutputBuilder::build`] turns the recorded
+//! indices into one batch with `interleave` (per column, and once more for the encoded keys),
+//! then releases every slot that no cursor points into any more.
+//!
+//! ```text
+//!   slots                        indices                       output
+//!   0: in0 [a c e] (done)        (0,0) (1,0) (0,1) (1,1)       a b c d e
+//!   1: in1 [b d]   (current)     (0,2)                 --> interleave -->
+//!   2: in0 [g h]   (current)
+//!   after build: slot 0 is dropped (in0 moved on to slot 2), slots 1 and 2 are renumbered 0, 1
+//! ```
+//!
+//! A batch stays in a slot while it is its input's current batch. An input only gets a new
+//! batch once its cursor passed every row of the old one, so a non-current slot is fully
+//! consumed: as soon as its last row is materialized, the batch is dropped. Memory is bounded
+//! by one current batch per input plus the batches consumed by one output.
+//!
+//! The builder also counts, per input, the rows in the output and the output row of its last
+//! one: that becomes the vnode's [`VnodeAdvance`].
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, BinaryArray, RecordBatch};
+use arrow_schema::{Schema, SchemaRef};
+use arrow_select::interleave::{interleave, interleave_record_batch};
+
+use crate::error::{Error, Result};
+use crate::key::Position;
+use crate::merge::VnodeAdvance;
+use crate::store::KeyedBatch;
+use crate::vnode::VirtualNode;
+
+/// An empty batch with `schema`, or with no columns if no schema is known.
+pub(crate) fn empty_batch(schema: Option<&SchemaRef>) -> KeyedBatch {
+    let schema = schema.cloned().unwrap_or_else(|| Arc::new(Schema::empty()));
+    KeyedBatch {
+        batch: RecordBatch::new_empty(schema),
+        keys: BinaryArray::from(Vec::<&[u8]>::new()),
+    }
+}
+
+/// One input batch referenced by the indices.
+#[derive(Debug)]
+struct Slot {
+    input: usize,
+    batch: KeyedBatch,
+}
+
+/// What one input contributed to the output being built.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    rows: usize,
+    last_out_row: usize,
+}
+
+/// Collects `(slot, row)` indices and materializes them. See the module docs.
+#[derive(Debug)]
+pub(crate) struct OutputBuilder {
+    vnodes: Vec<VirtualNode>,
+    slots: Vec<Slot>,
+    /// Per input: the slot of its current batch.
+    current: Vec<Option<usize>>,
+    indices: Vec<(usize, usize)>,
+    tallies: Vec<Tally>,
+    /// Inputs with rows in the output being built, in order of their first row.
+    touched: Vec<usize>,
+}
+
+impl OutputBuilder {
+    /// A builder for inputs of these vnodes (input `i` is `vnodes[i]`).
+    pub fn new(vnodes: Vec<VirtualNode>, batch_size: usize) -> Self {
+        let k = vnodes.len();
+        Self {
+            slots: Vec::with_capacity(2 * k),
+            current: vec![None; k],
+            indices: Vec::with_capacity(batch_size),
+            tallies: vec![Tally::default(); k],
+            touched: Vec::new(),
+            vnodes,
+        }
+    }
+
+    /// Makes `batch` the current batch of `input`.
+    pub fn push_batch(&mut self, input: usize, batch: KeyedBatch) {
+        self.current[input] = Some(self.slots.len());
+        self.slots.push(Slot { input, batch });
+    }
+
+    /// Marks `input` as having no current batch (its scan is exhausted).
+    pub fn finish_input(&mut self, input: usize) {
+        self.current[input] = None;
+    }
+
+    /// Appends row `row` of `input`'s current batch to the output.
+    #[inline]
+    pub fn push_row(&mut self, input: usize, row: usize) -> Result<()> {
+        let slot = self.current[input].ok_or_else(|| {
+            Error::Internal(format!("merge input {input} emitted a row with no batch"))
+        })?;
+        let tally = &mut self.tallies[input];
+        if tally.rows == 0 {
+            self.touched.push(input);
+        }
+        tally.rows += 1;
+        tally.last_out_row = self.indices.len();
+        self.indices.push((slot, row));
+        Ok(())
+    }
+
+    /// Rows recorded for the output being built.
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Materializes the recorded rows and each input's advance, then drops consumed batches.
+    ///
+    /// With no rows recorded, the batch is empty, with the schema of `fallback` (the schema
+    /// of any batch seen) or no columns if no input produced a batch at all.
+    pub fn build(
+        &mut self,
+        fallback: Option<&SchemaRef>,
+    ) -> Result<(KeyedBatch, Vec<VnodeAdvance>)> {
+        if self.indices.is_empty() {
+            self.release();
+            return Ok((empty_batch(fallback), Vec::new()));
+        }
+        let batches: Vec<&RecordBatch> = self.slots.iter().map(|s| &s.batch.batch).collect();
+        let batch = interleave_record_batch(&batches, &self.indices)?;
+        let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
+        let keys = interleave(&keys, &self.indices)?;
+        let keys = keys
+            .as_binary_opt::<i32>()
+            .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
+            .clone();
+        let progress = self
+            .touched
+            .iter()
+            .map(|&input| {
+                let tally = std::mem::take(&mut self.tallies[input]);
+                VnodeAdvance {
+                    vnode: self.vnodes[input],
+                    last: Position::from_keys(&keys, tally.last_out_row),
+                    rows: tally.rows,
+                }
+            })
+            .collect();
+        self.touched.clear();
+        self.indices.clear();
+        self.release();
+        Ok((KeyedBatch { batch, keys }, progress))
+    }
+
+    /// Drops every slot that is not an input's current batch and renumbers the rest.
+    fn release(&mut self) {
+        let (mut old, mut new) = (0, 0);
+        let current = &mut self.current;
+        self.slots.retain(|slot| {
+            let keep = current[slot.input] == Some(old);
+            if keep {
+                current[slot.input] = Some(new);
+                new += 1;
+            }
+            old += 1;
+            keep
+        });
+    }
+
+    /// Batches held (for tests of the release rule).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::merge::testing::{ids, int_key, int_rows_with_ids};
+
+    #[test]
+    fn rows_interleave_and_consumed_batches_are_dropped() {
+        let pk = int_key(false);
+        let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
+        let mut builder = OutputBuilder::new(vnodes, 4);
+        builder.push_batch(0, int_rows_with_ids(&pk, &[1, 3, 5], 100));
+        builder.push_batch(1, int_rows_with_ids(&pk, &[2, 4], 200));
+        for (input, row) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)] {
+            builder.push_row(input, row).unwrap();
+        }
+        // Input 0 moves on; input 1 is exhausted.
+        builder.push_batch(0, int_rows_with_ids(&pk, &[7, 8], 300));
+        builder.finish_input(1);
+        builder.push_row(0, 0).unwrap();
+        assert_eq!(builder.held(), 3);
+        let (out, progress) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![100, 200, 101, 201, 102, 300]);
+        assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
+        assert_eq!(builder.held(), 1, "only input 0's current batch is kept");
+        assert_eq!(
+            progress,
+            vec![
+                VnodeAdvance {
+                    vnode: VirtualNode::new(10),
+                    last: Position::from_keys(&out.keys, 5),
+                    rows: 4
+                },
+                VnodeAdvance {
+                    vnode: VirtualNode::new(20),
+                    last: Position::from_keys(&out.keys, 3),
+                    rows: 2
+                },
+            ]
+        );
+        // The kept batch is still addressable after renumbering.
+        builder.push_row(0, 1).unwrap();
+        let (out, progress) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![301]);
+        assert_eq!(progress.len(), 1);
+        assert_eq!(progress[0].rows, 1);
+    }
+
+    #[test]
+    fn an_empty_output_has_the_fallback_schema() {
+        let pk = int_key(false);
+        let schema = int_rows_with_ids(&pk, &[], 0).batch.schema();
+        let mut builder = OutputBuilder::new(vec![VirtualNode::new(1)], 4);
+        let (out, progress) = builder.build(Some(&schema)).unwrap();
+        assert!(out.is_empty() && progress.is_empty());
+        assert_eq!(out.batch.schema(), schema);
+        assert_eq!(out.keys.len(), 0);
+        assert!(matches!(builder.push_row(0, 0), Err(Error::Internal(_))));
+    }
+}

@@ -1,0 +1,457 @@
+//! The ordered merge: rows of all vnodes in global key order, in batches of `batch_size`.
+//!
+//! ```text
+//!   next_output():
+//!
+//!   Unstarted --(fetch every input's first batch, play the tree)--> Merging
+//!
+//!   Merging, until the output holds batch_size rows or every input is exhausted:
+//!     w = tree winner            (smallest head; ties -> lowest input)
+//!     record (w's slot, w's row) in the builder; advance w's cursor
+//!     w's batch used up?  -> fetch w's next batch     (None: w is exhausted; report its vnode)
+//!     replay w's path in the tree
+//!   then interleave the recorded rows into one batch, with progress and exhaustion news.
+//! ```
+//!
+//! An input's next batch is fetched the moment its cursor passes its last row, so an
+//! exhausted vnode is reported in the same output as its last row; a vnode with no rows at
+//! all is reported in the first output. Each input's keys are checked to strictly increase
+//! when its batch arrives ([`Error::OrderViolation`]).
+//!
+//! The cursor is chosen once from the key ([`CursorKind::for_key`]); the merge state is
+//! generic over it so that the per-row comparisons are monomorphic.
+
+use arrow_schema::SchemaRef;
+
+use crate::error::{Error, Result};
+use crate::key::PrimaryKey;
+use crate::merge::builder::OutputBuilder;
+use crate::merge::cursor::{
+    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowCursor,
+    U8Cursor, U16Cursor, U32Cursor, U64Cursor,
+};
+use crate::merge::input::MergeInput;
+use crate::merge::loser_tree::{Contest, LoserTree};
+use crate::merge::{MergeOutput, SnapshotMerger};
+use crate::store::SnapshotScan;
+use crate::vnode::VirtualNode;
+
+/// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.
+pub struct KWayMerge<S: SnapshotScan> {
+    kind: CursorKind,
+    engine: Engine<S>,
+}
+
+/// The merge state, monomorphized per cursor type.
+enum Engine<S: SnapshotScan> {
+    Rows(Merge<S, RowCursor>),
+    I8(Merge<S, I8Cursor>),
+    I16(Merge<S, I16Cursor>),
+    I32(Merge<S, I32Cursor>),
+    I64(Merge<S, I64Cursor>),
+    U8(Merge<S, U8Cursor>),
+    U16(Merge<S, U16Cursor>),
+    U32(Merge<S, U32Cursor>),
+    U64(Merge<S, U64Cursor>),
+}
+
+/// Runs `$body` with `$m` bound to the engine's merge, whatever its cursor type.
+macro_rules! with_merge {
+    ($engine:expr, $m:ident => $body:expr) => {
+        match $engine {
+            Engine::Rows($m) => $body,
+            Engine::I8($m) => $body,
+            Engine::I16($m) => $body,
+            Engine::I32($m) => $body,
+            Engine::I64($m) => $body,
+            Engine::U8($m) => $body,
+            Engine::U16($m) => $body,
+            Engine::U32($m) => $body,
+            Engine::U64($m) => $body,
+        }
+    };
+}
+
+impl<S: SnapshotScan> KWayMerge<S> {
+    /// Merges `inputs` (one scan per vnode; input order breaks key ties) into batches of
+    /// `batch_size` rows, comparing with the fastest cursor for `pk`
+    /// ([`CursorKind::for_key`]).
+    pub fn new(pk: &PrimaryKey, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
+        Self::with_cursor(CursorKind::for_key(pk), inputs, batch_size)
+    }
+
+    /// Like [`KWayMerge::new`], always comparing encoded keys (for benchmarks and tests).
+    pub fn with_row_cursor(inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
+        Self::with_cursor(CursorKind::Rows, inputs, batch_size)
+    }
+
+    fn with_cursor(
+        kind: CursorKind,
+        inputs: Vec<(VirtualNode, S)>,
+        batch_size: usize,
+    ) -> Result<Self> {
+        if batch_size == 0 {
+            return Err(Error::InvalidConfig(
+                "merge batch size must be positive".into(),
+            ));
+        }
+        let engine = match &kind {
+            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, batch_size)),
+            CursorKind::Primitive {
+                column,
+                data_type,
+                descending,
+            } => {
+                let config = PrimitiveConfig {
+                    column: *column,
+                    descending: *descending,
+                };
+                use arrow_schema::DataType as T;
+                match data_type {
+                    T::Int8 => Engine::I8(Merge::new(config, inputs, batch_size)),
+                    T::Int16 => Engine::I16(Merge::new(config, inputs, batch_size)),
+                    T::Int32 => Engine::I32(Merge::new(config, inputs, batch_size)),
+                    T::Int64 => Engine::I64(Merge::new(config, inputs, batch_size)),
+                    T::UInt8 => Engine::U8(Merge::new(config, inputs, batch_size)),
+                    T::UInt16 => Engine::U16(Merge::new(config, inputs, batch_size)),
+                    T::UInt32 => Engine::U32(Merge::new(config, inputs, batch_size)),
+                    T::UInt64 => Engine::U64(Merge::new(config, inputs, batch_size)),
+                    other => {
+                        return Err(Error::Internal(format!(
+                            "no primitive merge cursor for {other}"
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(Self { kind, engine })
+    }
+
+    /// Names the table in [`Error::OrderViolation`]s.
+    pub fn with_table_name(mut self, table: impl Into<String>) -> Self {
+        let table = table.into();
+        with_merge!(&mut self.engine, m => m.table = table);
+        self
+    }
+
+    /// The cursor this merge compares rows with.
+    pub fn cursor_kind(&self) -> &CursorKind {
+        &self.kind
+    }
+}
+
+impl<S: SnapshotScan> SnapshotMerger for KWayMerge<S> {
+    fn next_output(&mut self) -> Result<Option<MergeOutput>> {
+        with_merge!(&mut self.engine, m => m.next_output())
+    }
+}
+
+/// Where a merge is in its life.
+enum Phase {
+    /// No input fetched yet.
+    Unstarted,
+    /// Every input has a cursor or is exhausted, and the tree is played.
+    Merging,
+}
+
+/// The merge over one cursor type.
+struct Merge<S, C: Cursor> {
+    config: C::Config,
+    table: String,
+    phase: Phase,
+    inputs: Vec<MergeInput<S>>,
+    /// Per input: its cursor, `None` once exhausted.
+    cursors: Vec<Option<C>>,
+    tree: LoserTree,
+    builder: OutputBuilder,
+    batch_size: usize,
+    /// The schema of the first batch seen, for empty outputs.
+    schema: Option<SchemaRef>,
+    /// Vnodes found exhausted since the last output.
+    exhausted: Vec<VirtualNode>,
+}
+
+impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
+    fn new(config: C::Config, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Self {
+        let k = inputs.len();
+        let vnodes = inputs.iter().map(|(v, _)| *v).collect();
+        Self {
+            config,
+            table: String::new(),
+            phase: Phase::Unstarted,
+            inputs: inputs
+                .into_iter()
+                .map(|(v, s)| MergeInput::new(v, s))
+                .collect(),
+            cursors: (0..k).map(|_| None).collect(),
+            tree: LoserTree::new(k),
+            builder: OutputBuilder::new(vnodes, batch_size),
+            batch_size,
+            schema: None,
+            exhausted: Vec::new(),
+        }
+    }
+
+    fn next_output(&mut self) -> Result<Option<MergeOutput>> {
+        if let Phase::Unstarted = self.phase {
+            self.start()?;
+        }
+        self.fill()?;
+        let exhausted = std::mem::take(&mut self.exhausted);
+        if self.builder.len() == 0 && exhausted.is_empty() {
+            return Ok(None);
+        }
+        let (batch, progress) = self.builder.build(self.schema.as_ref())?;
+        Ok(Some(MergeOutput {
+            batch,
+            progress,
+            exhausted,
+        }))
+    }
+
+    /// Fetches every input's first batch and plays the tree.
+    fn start(&mut self) -> Result<()> {
+        for input in 0..self.inputs.len() {
+            self.fetch(input)?;
+        }
+        self.tree.init(&Heads(&self.cursors));
+        self.phase = Phase::Merging;
+        Ok(())
+    }
+
+    /// Records winners until the output is full or every input is exhausted.
+    fn fill(&mut self) -> Result<()> {
+        while self.builder.len() < self.batch_size {
+            let Some(winner) = self.tree.winner() else {
+                return Ok(());
+            };
+            // The winner is exhausted only when every input is.
+            let Some(cursor) = self.cursors[winner].as_mut() else {
+                return Ok(());
+            };
+            self.builder.push_row(winner, cursor.row())?;
+            cursor.advance();
+            if cursor.is_finished() {
+                self.fetch(winner)?;
+            }
+            self.tree.replay(&Heads(&self.cursors));
+        }
+        Ok(())
+    }
+
+    /// Gives `input` a cursor on its next batch, or marks it exhausted.
+    fn fetch(&mut self, input: usize) -> Result<()> {
+        match self.inputs[input].next_batch(&self.table, &mut self.schema)? {
+            Some(batch) => {
+                self.cursors[input] = Some(C::open(&self.config, &batch)?);
+                self.builder.push_batch(input, batch);
+            }
+            None => {
+                self.cursors[input] = None;
+                self.builder.finish_input(input);
+                self.exhausted.push(self.inputs[input].vnode());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The inputs' cursors, as the loser tree sees them.
+struct Heads<'a, C>(&'a [Option<C>]);
+
+impl<C: Cursor> Contest for Heads<'_, C> {
+    #[inline]
+    fn is_exhausted(&self, i: usize) -> bool {
+        self.0[i].is_none()
+    }
+
+    #[inline]
+    fn cmp_heads(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        match (&self.0[a], &self.0[b]) {
+            (Some(a), Some(b)) => a.cmp_heads(b),
+            // Not reached: the tree compares heads of live inputs only.
+            _ => std::cmp::Ordering::Equal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::merge::testing::{
+        Case, KeyShape, VecScan, check_outputs, drain, ids, int_key, int_rows, int_rows_with_ids,
+        random_case,
+    };
+
+    fn kway(case: &Case, batch_size: usize) -> KWayMerge<VecScan> {
+        KWayMerge::new(&case.pk, case.scans(), batch_size).unwrap()
+    }
+
+    /// The ordered merge's own promises, on top of [`check_outputs`].
+    fn check_kway(case: &Case, batch_size: usize) {
+        let mut merge = kway(case, batch_size);
+        let outputs = drain(&mut merge, case.owner.len() + case.inputs.len() + 2).unwrap();
+        check_outputs(case, &outputs);
+        // Global order: the sorted union, ties (none here) by input.
+        let got: Vec<u64> = outputs.iter().flat_map(|o| ids(&o.batch.batch)).collect();
+        assert_eq!(got, case.oracle());
+        // Exactly batch_size rows per output but the last; one empty output iff no rows.
+        let sizes: Vec<usize> = outputs.iter().map(|o| o.batch.num_rows()).collect();
+        if case.owner.is_empty() {
+            let expected: &[usize] = if case.inputs.is_empty() { &[] } else { &[0] };
+            assert_eq!(sizes, expected);
+        } else if let Some((last, full)) = sizes.split_last() {
+            assert!(full.iter().all(|&n| n == batch_size), "{sizes:?}");
+            assert!((1..=batch_size).contains(last), "{sizes:?}");
+        }
+        // Exhaustion is prompt: in the output with the vnode's last row, or the first one.
+        for (i, (vnode, _)) in case.inputs.iter().enumerate() {
+            let mine = case.input_ids(i);
+            let reported = outputs
+                .iter()
+                .position(|o| o.exhausted.contains(vnode))
+                .unwrap();
+            let expected = match mine.last() {
+                None => 0,
+                Some(last) => outputs
+                    .iter()
+                    .position(|o| ids(&o.batch.batch).contains(last))
+                    .unwrap(),
+            };
+            assert_eq!(reported, expected, "vnode {vnode}");
+        }
+    }
+
+    #[test]
+    fn fuzz_against_a_sort_oracle() {
+        let mut seed = 0;
+        for shape in [KeyShape::Int, KeyShape::NullableInt, KeyShape::Composite] {
+            for num_inputs in [1, 16, 256] {
+                for batch_size in [1, 2, 7, 1024] {
+                    for _ in 0..2 {
+                        seed += 1;
+                        let mut rng = StdRng::seed_from_u64(seed);
+                        let case = random_case(&mut rng, shape, num_inputs, 3000);
+                        let expected_kind = match shape {
+                            KeyShape::Int => "Primitive",
+                            _ => "Rows",
+                        };
+                        let kind = format!("{:?}", kway(&case, batch_size).cursor_kind());
+                        assert!(kind.starts_with(expected_kind), "{kind}");
+                        check_kway(&case, batch_size);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_row_cursor_gives_the_same_output_as_the_primitive_one() {
+        let mut rng = StdRng::seed_from_u64(99);
+        let case = random_case(&mut rng, KeyShape::Int, 16, 3000);
+        let primitive = drain(&mut kway(&case, 7), usize::MAX).unwrap();
+        let mut rows = KWayMerge::with_row_cursor(case.scans(), 7).unwrap();
+        assert_eq!(rows.cursor_kind(), &CursorKind::Rows);
+        let rows = drain(&mut rows, usize::MAX).unwrap();
+        assert_eq!(primitive.len(), rows.len());
+        for (p, r) in primitive.iter().zip(&rows) {
+            assert_eq!(p.batch.batch, r.batch.batch);
+            assert_eq!(p.progress, r.progress);
+            assert_eq!(p.exhausted, r.exhausted);
+        }
+    }
+
+    #[test]
+    fn equal_keys_break_ties_by_input_index() {
+        let pk = int_key(false);
+        let inputs = |pk: &PrimaryKey| {
+            vec![
+                (
+                    VirtualNode::new(5),
+                    VecScan::new(vec![int_rows_with_ids(pk, &[1, 2], 10)]),
+                ),
+                (
+                    VirtualNode::new(1),
+                    VecScan::new(vec![
+                        int_rows_with_ids(pk, &[1], 20),
+                        int_rows_with_ids(pk, &[2, 3], 21),
+                    ]),
+                ),
+                (
+                    VirtualNode::new(3),
+                    VecScan::new(vec![int_rows_with_ids(pk, &[0, 2], 30)]),
+                ),
+            ]
+        };
+        let expected = vec![30, 10, 20, 11, 21, 31, 22];
+        for batch_size in [1, 3, 100] {
+            let primitive = KWayMerge::new(&pk, inputs(&pk), batch_size).unwrap();
+            let rows = KWayMerge::with_row_cursor(inputs(&pk), batch_size).unwrap();
+            for mut merge in [primitive, rows] {
+                let outputs = drain(&mut merge, 100).unwrap();
+                let got: Vec<u64> = outputs.iter().flat_map(|o| ids(&o.batch.batch)).collect();
+                assert_eq!(got, expected, "batch size {batch_size}");
+            }
+        }
+    }
+
+    #[test]
+    fn keys_going_backwards_are_an_order_violation() {
+        let pk = int_key(false);
+        let inputs = vec![
+            (
+                VirtualNode::new(0),
+                VecScan::new(vec![int_rows(&pk, &[1, 2, 3])]),
+            ),
+            (
+                VirtualNode::new(8),
+                VecScan::new(vec![int_rows(&pk, &[4, 6]), int_rows(&pk, &[5])]),
+            ),
+        ];
+        let mut merge = KWayMerge::new(&pk, inputs, 2).unwrap().with_table_name("t");
+        let err = drain(&mut merge, 10).unwrap_err();
+        match err {
+            Error::OrderViolation { table, vnode, row } => {
+                assert_eq!((table.as_str(), vnode, row), ("t", 8, 0));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_vnodes_are_reported_in_the_first_output() {
+        let pk = int_key(false);
+        let empty = || VecScan::new(vec![int_rows(&pk, &[]), int_rows(&pk, &[])]);
+        let inputs = vec![
+            (VirtualNode::new(1), empty()),
+            (VirtualNode::new(2), VecScan::new(vec![])),
+        ];
+        let mut merge = KWayMerge::new(&pk, inputs, 4).unwrap();
+        let first = merge.next_output().unwrap().unwrap();
+        assert!(first.batch.is_empty() && first.progress.is_empty());
+        assert_eq!(
+            first.batch.batch.schema(),
+            int_rows(&pk, &[]).batch.schema()
+        );
+        assert_eq!(
+            first.exhausted,
+            vec![VirtualNode::new(1), VirtualNode::new(2)]
+        );
+        assert!(merge.next_output().unwrap().is_none());
+        assert!(merge.next_output().unwrap().is_none());
+    }
+
+    #[test]
+    fn no_inputs_give_no_output_and_a_zero_batch_size_is_rejected() {
+        let pk = int_key(false);
+        let mut merge = KWayMerge::<VecScan>::new(&pk, vec![], 4).unwrap();
+        assert!(merge.next_output().unwrap().is_none());
+        assert!(matches!(
+            KWayMerge::<VecScan>::new(&pk, vec![], 0),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+}

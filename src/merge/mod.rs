@@ -1,0 +1,127 @@
+//! Combining per-vnode snapshot scans into one stream of output batches.
+//!
+//! The backfill reads the snapshot of each vnode it owns as a [`SnapshotScan`]: batches of
+//! rows with their encoded keys ([`KeyedBatch`]), keys strictly increasing within the vnode.
+//! A [`SnapshotMerger`] pulls from all of them and hands out [`MergeOutput`]s: a batch of
+//! rows, how far each vnode advanced in it, and which vnodes are now completely emitted
+//! (DESIGN section 7, step 1 and step 6).
+//!
+//! Two mergers share that interface:
+//! - [`KWayMerge`], the default: a k-way merge that emits rows in global key order, in
+//!   batches of exactly `batch_size` rows (except the last).
+//! - [`RoundRobin`], the unordered per-vnode mode: whole input batches, zero-copy, one input
+//!   after the other.
+//!
+//! ```text
+//!  vnode 3: [1 4 9] [12 15] --.
+//!  vnode 7: [2 3] [8 20]    ---+--> cursors --> loser tree --> output builder --> MergeOutput
+//!  vnode 9: (empty)         --'    (head of     (which input   (indices, then     batch: 1 2 3 4
+//!                                   each input)   is smallest)   interleave)       progress: 3@4 (2 rows)
+//!                                                                                           7@3 (2 rows)
+//!                                                                                  exhausted: [9]
+//! ```
+//!
+//! One file per job, as in DataFusion's `sorts/`:
+//! - `input.rs`: one input: pulls non-empty batches, checks key order, knows when it is done;
+//! - `cursor.rs`: how the heads of two inputs compare (encoded keys or native integers);
+//! - `loser_tree.rs`: which input holds the smallest head;
+//! - `builder.rs`: gathers winning rows as indices and materializes them with `interleave`;
+//! - `kway.rs` and `round_robin.rs`: the two mergers.
+//!
+//! Invariants every merger keeps:
+//! - Per vnode, rows come out in key order, each exactly once. [`VnodeAdvance::last`] is the
+//!   key of that vnode's last row *in this output*; a vnode without rows in the output is not
+//!   listed, so its position does not move.
+//! - A vnode is listed in [`MergeOutput::exhausted`] exactly once, in the output that carries
+//!   its last row or a later one (an empty vnode: in the first output).
+//! - An input whose keys do not strictly increase (also across its batches) is an
+//!   [`Error::OrderViolation`](crate::Error::OrderViolation), never a panic or silent output.
+//! - After an error, the merger must not be polled again.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use arrow_array::{Int64Array, RecordBatch};
+//! use arrow_schema::{DataType, Field, Schema};
+//! use arrangement_backfill::key::{KeyColumn, PrimaryKey};
+//! use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
+//! use arrangement_backfill::store::{KeyedBatch, SnapshotScan};
+//! use arrangement_backfill::vnode::VirtualNode;
+//!
+//! /// A scan over batches kept in memory.
+//! struct Batches(std::vec::IntoIter<KeyedBatch>);
+//! impl SnapshotScan for Batches {
+//!     fn next_batch(&mut self) -> arrangement_backfill::Result<Option<KeyedBatch>> {
+//!         Ok(self.0.next())
+//!     }
+//! }
+//!
+//! let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+//! let pk = PrimaryKey::new(&schema, vec![KeyColumn::asc("k")])?;
+//! let scan = |keys: Vec<i64>| -> arrangement_backfill::Result<Batches> {
+//!     let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(keys))])?;
+//!     let keys = pk.encode(&batch)?;
+//!     Ok(Batches(vec![KeyedBatch { batch, keys }].into_iter()))
+//! };
+//! let inputs = vec![
+//!     (VirtualNode::new(3), scan(vec![1, 4, 9])?),
+//!     (VirtualNode::new(7), scan(vec![2, 3])?),
+//! ];
+//! let mut merge = KWayMerge::new(&pk, inputs, 4)?;
+//! let first = merge.next_output()?.expect("rows");
+//! assert_eq!(first.batch.num_rows(), 4); // keys 1 2 3 4
+//! assert_eq!(first.exhausted, vec![VirtualNode::new(7)]);
+//! let second = merge.next_output()?.expect("rows");
+//! assert_eq!(second.batch.num_rows(), 1); // key 9
+//! assert_eq!(second.exhausted, vec![VirtualNode::new(3)]);
+//! assert!(merge.next_output()?.is_none());
+//! # Ok::<(), arrangement_backfill::Error>(())
+//! ```
+
+mod builder;
+mod cursor;
+mod input;
+mod kway;
+mod loser_tree;
+mod round_robin;
+#[cfg(test)]
+pub(crate) mod testing;
+
+pub use cursor::CursorKind;
+pub use kway::KWayMerge;
+pub use round_robin::RoundRobin;
+
+use crate::error::Result;
+use crate::key::Position;
+use crate::store::KeyedBatch;
+use crate::vnode::VirtualNode;
+
+#[cfg(doc)]
+use crate::store::SnapshotScan;
+
+/// What one pull of a snapshot merger produced.
+#[derive(Debug, Clone)]
+pub struct MergeOutput {
+    /// The rows, with their encoded keys. Empty when the output only carries exhaustion news.
+    pub batch: KeyedBatch,
+    /// One entry per vnode with rows in `batch`, in no particular order.
+    pub progress: Vec<VnodeAdvance>,
+    /// Vnodes whose whole stream is now emitted (in this output or an earlier one).
+    pub exhausted: Vec<VirtualNode>,
+}
+
+/// How far one vnode advanced in one output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VnodeAdvance {
+    /// The vnode.
+    pub vnode: VirtualNode,
+    /// The key of its last row in the output: the vnode's new position.
+    pub last: Position,
+    /// How many of its rows the output holds.
+    pub rows: usize,
+}
+
+/// Common interface of the ordered merge and the unordered mode.
+pub trait SnapshotMerger: Send {
+    /// Next output; `None` when every input is exhausted and reported.
+    fn next_output(&mut self) -> Result<Option<MergeOutput>>;
+}

@@ -1,0 +1,206 @@
+//! The unordered per-vnode mode: whole input batches, one input after the other.
+//!
+//! ```text
+//!   vnode 3: [1 4] [9]         output 1: vnode 3 [1 4]
+//!   vnode 7: [2 3]      -->    output 2: vnode 7 [2 3]
+//!   vnode 9: (empty)           output 3: vnode 3 [9]     exhausted: [9]
+//!                              output 4: (empty)         exhausted: [7, 3]
+//! ```
+//!
+//! Each [`RoundRobin::next_output`](SnapshotMerger::next_output) takes one batch from the
+//! next input that is not exhausted, in turn, and hands it out as is: no comparison, no copy
+//! (the batch and its keys are the scan's own). Rows are in key order within a vnode, not
+//! across vnodes. An input is found exhausted when its turn comes and its scan returns
+//! `None`; the output then goes on to the next input, and the vnode is reported in that
+//! output (an empty one if no input had rows left). Key order within each input is still
+//! checked.
+
+use arrow_schema::SchemaRef;
+
+use crate::error::{Error, Result};
+use crate::merge::builder::empty_batch;
+use crate::merge::input::MergeInput;
+use crate::merge::{MergeOutput, SnapshotMerger, VnodeAdvance};
+use crate::store::SnapshotScan;
+use crate::vnode::VirtualNode;
+
+/// Per-vnode batches in turn, unmerged. See the module docs.
+pub struct RoundRobin<S: SnapshotScan> {
+    inputs: Vec<MergeInput<S>>,
+    /// The input whose turn is next.
+    next: usize,
+    table: String,
+    /// The schema of the first batch seen, for empty outputs.
+    schema: Option<SchemaRef>,
+}
+
+impl<S: SnapshotScan> RoundRobin<S> {
+    /// Takes batches from `inputs` (one scan per vnode) in turn.
+    pub fn new(inputs: Vec<(VirtualNode, S)>) -> Self {
+        Self {
+            inputs: inputs
+                .into_iter()
+                .map(|(v, s)| MergeInput::new(v, s))
+                .collect(),
+            next: 0,
+            table: String::new(),
+            schema: None,
+        }
+    }
+
+    /// Names the table in [`Error::OrderViolation`]s.
+    pub fn with_table_name(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+}
+
+impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
+    fn next_output(&mut self) -> Result<Option<MergeOutput>> {
+        let k = self.inputs.len();
+        let mut exhausted = Vec::new();
+        // At most one full turn: every input either yields a batch or is found exhausted.
+        for _ in 0..k {
+            let input = &mut self.inputs[self.next];
+            self.next = (self.next + 1) % k;
+            if input.is_exhausted() {
+                continue;
+            }
+            let Some(batch) = input.next_batch(&self.table, &mut self.schema)? else {
+                exhausted.push(input.vnode());
+                continue;
+            };
+            let last = batch
+                .last_position()
+                .ok_or_else(|| Error::Internal("a merge input yielded an empty batch".into()))?;
+            let progress = vec![VnodeAdvance {
+                vnode: input.vnode(),
+                last,
+                rows: batch.num_rows(),
+            }];
+            return Ok(Some(MergeOutput {
+                batch,
+                progress,
+                exhausted,
+            }));
+        }
+        Ok((!exhausted.is_empty()).then(|| MergeOutput {
+            batch: empty_batch(self.schema.as_ref()),
+            progress: Vec::new(),
+            exhausted,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::Array;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::merge::testing::{
+        KeyShape, VecScan, check_outputs, drain, ids, int_key, int_rows, int_rows_with_ids,
+        random_case,
+    };
+
+    #[test]
+    fn fuzz_every_row_once_in_vnode_order() {
+        let mut seed = 1000;
+        for shape in [KeyShape::Int, KeyShape::NullableInt, KeyShape::Composite] {
+            for num_inputs in [1, 16, 256] {
+                for _ in 0..4 {
+                    seed += 1;
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let case = random_case(&mut rng, shape, num_inputs, 3000);
+                    let mut merger = RoundRobin::new(case.scans());
+                    let outputs = drain(&mut merger, case.owner.len() + num_inputs + 2).unwrap();
+                    check_outputs(&case, &outputs);
+                    for output in &outputs {
+                        assert!(output.progress.len() <= 1, "one vnode per output");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inputs_take_turns_and_exhaustion_is_reported_on_the_way() {
+        let pk = int_key(false);
+        let (v0, v1, v2) = (
+            VirtualNode::new(3),
+            VirtualNode::new(7),
+            VirtualNode::new(9),
+        );
+        let inputs = vec![
+            (
+                v0,
+                VecScan::new(vec![
+                    int_rows_with_ids(&pk, &[1, 4], 0),
+                    int_rows_with_ids(&pk, &[9], 2),
+                ]),
+            ),
+            (v1, VecScan::new(vec![int_rows_with_ids(&pk, &[2, 3], 10)])),
+            (v2, VecScan::new(vec![int_rows(&pk, &[])])),
+        ];
+        let outputs = drain(&mut RoundRobin::new(inputs), 10).unwrap();
+        let shape: Vec<(Vec<u64>, Vec<VirtualNode>)> = outputs
+            .iter()
+            .map(|o| (ids(&o.batch.batch), o.exhausted.clone()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (vec![0, 1], vec![]),
+                (vec![10, 11], vec![]),
+                (vec![2], vec![v2]),
+                (vec![], vec![v1, v0]),
+            ]
+        );
+        assert_eq!(
+            outputs[3].batch.batch.schema(),
+            int_rows(&pk, &[]).batch.schema()
+        );
+    }
+
+    #[test]
+    fn batches_are_handed_out_zero_copy() {
+        let pk = int_key(false);
+        let input = int_rows(&pk, &[1, 2, 3]);
+        let pointer = |b: &arrow_array::RecordBatch| b.column(0).to_data().buffers()[0].as_ptr();
+        let mut merger =
+            RoundRobin::new(vec![(VirtualNode::ZERO, VecScan::new(vec![input.clone()]))]);
+        let output = merger.next_output().unwrap().unwrap();
+        assert_eq!(pointer(&output.batch.batch), pointer(&input.batch));
+        assert_eq!(
+            output.batch.keys.values().as_ptr(),
+            input.keys.values().as_ptr()
+        );
+    }
+
+    #[test]
+    fn keys_going_backwards_are_an_order_violation() {
+        let pk = int_key(false);
+        let scan = VecScan::new(vec![int_rows(&pk, &[1, 5]), int_rows(&pk, &[5, 6])]);
+        let mut merger = RoundRobin::new(vec![(VirtualNode::new(4), scan)]).with_table_name("t");
+        assert!(merger.next_output().is_ok());
+        assert!(matches!(
+            merger.next_output(),
+            Err(Error::OrderViolation {
+                vnode: 4,
+                row: 0,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn no_inputs_give_no_output() {
+        assert!(
+            RoundRobin::<VecScan>::new(vec![])
+                .next_output()
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! Test helpers: an in-memory scan, small data builders and the random case generator shared
+//! by the merger tests.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use arrow_array::{Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+use arrow_select::take::take_record_batch;
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+
+use crate::error::Result;
+use crate::key::{KeyColumn, PrimaryKey};
+use crate::merge::{MergeOutput, SnapshotMerger};
+use crate::store::{KeyedBatch, SnapshotScan};
+use crate::vnode::VirtualNode;
+
+/// A scan over batches kept in memory.
+#[derive(Debug)]
+pub(crate) struct VecScan(VecDeque<KeyedBatch>);
+
+impl VecScan {
+    pub fn new(batches: Vec<KeyedBatch>) -> Self {
+        Self(batches.into())
+    }
+}
+
+impl SnapshotScan for VecScan {
+    fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
+        Ok(self.0.pop_front())
+    }
+}
+
+/// A table batch with its encoded keys.
+pub(crate) fn keyed(pk: &PrimaryKey, batch: RecordBatch) -> KeyedBatch {
+    let keys = pk.encode(&batch).unwrap();
+    KeyedBatch { batch, keys }
+}
+
+/// The table `(k Int64, id UInt64)` keyed by `k` ascending.
+pub(crate) fn int_key(nullable: bool) -> PrimaryKey {
+    let schema = Schema::new(vec![
+        Field::new("k", DataType::Int64, nullable),
+        Field::new("id", DataType::UInt64, false),
+    ]);
+    PrimaryKey::new(&schema, vec![KeyColumn::asc("k")]).unwrap()
+}
+
+/// Rows of [`int_key`]'s table with these keys; `id` numbers them from 0.
+pub(crate) fn int_rows(pk: &PrimaryKey, keys: &[i64]) -> KeyedBatch {
+    int_rows_with_ids(pk, keys, 0)
+}
+
+/// Like [`int_rows`], ids counting from `first_id`.
+pub(crate) fn int_rows_with_ids(pk: &PrimaryKey, keys: &[i64], first_id: u64) -> KeyedBatch {
+    let nullable = pk.key_schema().field(0).is_nullable();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, nullable),
+        Field::new("id", DataType::UInt64, false),
+    ]));
+    let ids: Vec<u64> = (first_id..).take(keys.len()).collect();
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(keys.to_vec())),
+            Arc::new(UInt64Array::from(ids)),
+        ],
+    )
+    .unwrap();
+    keyed(pk, batch)
+}
+
+/// The `id` column of a batch.
+pub(crate) fn ids(batch: &RecordBatch) -> Vec<u64> {
+    if batch.num_rows() == 0 {
+        return Vec::new();
+    }
+    let column = batch.column_by_name("id").unwrap();
+    column.as_primitive::<UInt64Type>().values().to_vec()
+}
+
+/// The key shapes the random cases cover.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyShape {
+    /// Non-null `Int64`: the primitive cursor.
+    Int,
+    /// Nullable `Int64` (one NULL key sometimes): the row cursor fallback.
+    NullableInt,
+    /// `(Utf8 asc, Int32 desc)`: the row cursor.
+    Composite,
+}
+
+/// A random merge input set: rows with unique `id`s `0..total`, keys unique across inputs.
+pub(crate) struct Case {
+    pub pk: PrimaryKey,
+    pub inputs: Vec<(VirtualNode, Vec<KeyedBatch>)>,
+    /// For each `id`: the input that holds it.
+    pub owner: Vec<usize>,
+    /// For each `id`: its encoded key.
+    pub keys: Vec<Vec<u8>>,
+}
+
+impl Case {
+    /// The scans, ready for a merger.
+    pub fn scans(&self) -> Vec<(VirtualNode, VecScan)> {
+        self.inputs
+            .iter()
+            .map(|(v, batches)| (*v, VecScan::new(batches.clone())))
+            .collect()
+    }
+
+    /// All ids in merge order: by key, then by input.
+    pub fn oracle(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = (0..self.owner.len() as u64).collect();
+        ids.sort_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            (&self.keys[a], self.owner[a]).cmp(&(&self.keys[b], self.owner[b]))
+        });
+        ids
+    }
+
+    /// The ids of input `i`, in its order.
+    pub fn input_ids(&self, i: usize) -> Vec<u64> {
+        self.inputs[i]
+            .1
+            .iter()
+            .flat_map(|b| ids(&b.batch))
+            .collect()
+    }
+}
+
+/// Batch sizes the inputs are cut into.
+const INPUT_BATCH_SIZES: [usize; 4] = [1, 2, 7, 1024];
+
+/// A random case of `num_inputs` inputs holding up to `max_rows` rows. About one input in ten
+/// is empty; about one batch in seven is followed by an empty batch.
+pub(crate) fn random_case(
+    rng: &mut StdRng,
+    shape: KeyShape,
+    num_inputs: usize,
+    max_rows: usize,
+) -> Case {
+    let rows = rng.random_range(0..=max_rows);
+    let (table, pk) = random_table(rng, shape, rows);
+    let keys = pk.encode(&table).unwrap();
+    let non_empty: Vec<usize> = (0..num_inputs).filter(|_| rng.random_bool(0.9)).collect();
+    let owner: Vec<usize> = match non_empty.is_empty() {
+        true => vec![0; 0],
+        false => (0..rows).map(|_| *non_empty.choose(rng).unwrap()).collect(),
+    };
+    let rows = owner.len();
+    let mut inputs = Vec::with_capacity(num_inputs);
+    for input in 0..num_inputs {
+        let mut mine: Vec<u32> = (0..rows as u32)
+            .filter(|&r| owner[r as usize] == input)
+            .collect();
+        mine.sort_by(|&a, &b| keys.value(a as usize).cmp(keys.value(b as usize)));
+        let sorted = keyed(
+            &pk,
+            take_record_batch(&table.slice(0, rows), &UInt32Array::from(mine)).unwrap(),
+        );
+        let mut batches = Vec::new();
+        let mut offset = 0;
+        loop {
+            if rng.random_bool(0.15) {
+                batches.push(sorted.slice(offset, 0));
+            }
+            if offset == sorted.num_rows() {
+                break;
+            }
+            let len = (*INPUT_BATCH_SIZES.choose(rng).unwrap()).min(sorted.num_rows() - offset);
+            batches.push(sorted.slice(offset, len));
+            offset += len;
+        }
+        let vnode = VirtualNode::new((input * 7 % 65_536) as u16);
+        inputs.push((vnode, batches));
+    }
+    let keys = (0..rows).map(|r| keys.value(r).to_vec()).collect();
+    Case {
+        pk,
+        inputs,
+        owner,
+        keys,
+    }
+}
+
+/// `rows` rows with unique keys of the given shape and `id`s `0..rows`.
+fn random_table(rng: &mut StdRng, shape: KeyShape, rows: usize) -> (RecordBatch, PrimaryKey) {
+    let ids = Arc::new(UInt64Array::from_iter_values(0..rows as u64));
+    let id = Field::new("id", DataType::UInt64, false);
+    match shape {
+        KeyShape::Int | KeyShape::NullableInt => {
+            let nullable = matches!(shape, KeyShape::NullableInt);
+            let mut seen = HashSet::new();
+            let mut keys = Vec::with_capacity(rows);
+            if nullable && rows > 0 && rng.random_bool(0.5) {
+                keys.push(None);
+            }
+            while keys.len() < rows {
+                let k = rng.random_range(-1_000_000..1_000_000_i64);
+                if seen.insert(k) {
+                    keys.push(Some(k));
+                }
+            }
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, nullable),
+                id,
+            ]));
+            let pk = PrimaryKey::new(&schema, vec![KeyColumn::asc("k")]).unwrap();
+            let batch =
+                RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(keys)), ids]).unwrap();
+            (batch, pk)
+        }
+        KeyShape::Composite => {
+            const WORDS: [Option<&str>; 6] =
+                [None, Some(""), Some("a"), Some("ab"), Some("b"), Some("ba")];
+            let mut seen = HashSet::new();
+            let (mut s, mut i) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+            while s.len() < rows {
+                let key = (
+                    *WORDS.choose(rng).unwrap(),
+                    rng.random_range(-2_000..2_000_i32),
+                );
+                if seen.insert(key) {
+                    s.push(key.0);
+                    i.push(key.1);
+                }
+            }
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("s", DataType::Utf8, true),
+                Field::new("i", DataType::Int32, false),
+                id,
+            ]));
+            let pk =
+                PrimaryKey::new(&schema, vec![KeyColumn::asc("s"), KeyColumn::desc("i")]).unwrap();
+            let batch = RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(StringArray::from(s)),
+                    Arc::new(Int32Array::from(i)),
+                    ids,
+                ],
+            )
+            .unwrap();
+            (batch, pk)
+        }
+    }
+}
+
+/// Every output of `merger`, failing after `max` outputs (a merger that never ends).
+pub(crate) fn drain(merger: &mut impl SnapshotMerger, max: usize) -> Result<Vec<MergeOutput>> {
+    let mut outputs = Vec::new();
+    while let Some(output) = merger.next_output()? {
+        outputs.push(output);
+        assert!(outputs.len() <= max, "more than {max} outputs");
+    }
+    Ok(outputs)
+}
+
+/// What every merger promises, ordered or not: each row exactly once, per-vnode order kept,
+/// keys that match the rows, exact progress, and each vnode reported exhausted exactly once,
+/// after its last row.
+pub(crate) fn check_outputs(case: &Case, outputs: &[MergeOutput]) {
+    let input_of: HashMap<VirtualNode, usize> = case
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| (*v, i))
+        .collect();
+    let k = case.inputs.len();
+    let mut emitted: Vec<Vec<u64>> = vec![Vec::new(); k];
+    let mut exhausted_at = vec![None; k];
+    for (j, output) in outputs.iter().enumerate() {
+        let batch = &output.batch;
+        let mut tally: HashMap<VirtualNode, (u64, usize)> = HashMap::new();
+        if !batch.is_empty() {
+            assert_eq!(
+                batch.keys,
+                case.pk.encode(&batch.batch).unwrap(),
+                "output {j}"
+            );
+            for id in ids(&batch.batch) {
+                let input = case.owner[id as usize];
+                emitted[input].push(id);
+                let entry = tally.entry(case.inputs[input].0).or_insert((id, 0));
+                *entry = (id, entry.1 + 1);
+            }
+        }
+        assert_eq!(
+            output.progress.len(),
+            tally.len(),
+            "output {j}: one entry per vnode"
+        );
+        for advance in &output.progress {
+            let (last, rows) = tally[&advance.vnode];
+            assert_eq!(advance.rows, rows, "output {j} vnode {}", advance.vnode);
+            assert_eq!(advance.last.as_bytes(), case.keys[last as usize].as_slice());
+        }
+        for vnode in &output.exhausted {
+            let input = input_of[vnode];
+            assert_eq!(exhausted_at[input], None, "vnode {vnode} reported twice");
+            exhausted_at[input] = Some(j);
+            assert_eq!(
+                emitted[input].len(),
+                case.input_ids(input).len(),
+                "vnode {vnode} reported exhausted before its last row"
+            );
+        }
+    }
+    for (input, rows) in emitted.iter().enumerate() {
+        assert_eq!(rows, &case.input_ids(input), "input {input}: rows or order");
+        assert!(
+            exhausted_at[input].is_some(),
+            "input {input} never exhausted"
+        );
+    }
+    let total: usize = emitted.iter().map(Vec::len).sum();
+    assert_eq!(total, case.owner.len());
+}
