@@ -54,7 +54,11 @@ fn no_shuffle_backfill_matches_oracle() {
 fn arrangement_backfill_matches_oracle_across_restarts() {
     for seed in 0..48u64 {
         let mut p = Params::new(
-            if seed % 2 == 0 { Shape::Int64 } else { Shape::Composite },
+            if seed % 2 == 0 {
+                Shape::Int64
+            } else {
+                Shape::Composite
+            },
             Kind::Arrangement,
             1_000 + seed,
         );

@@ -131,7 +131,14 @@ impl<S: StateStore> BackfillExecutor<S, ArrangementTracker> {
             let progress = codec.restore(table, owned, epoch)?;
             Ok(ArrangementTracker::new(tracker_desc, progress, codec))
         });
-        Ok(Self::with_tracker(desc, vnodes, config, replicated, progress_table, restore))
+        Ok(Self::with_tracker(
+            desc,
+            vnodes,
+            config,
+            replicated,
+            progress_table,
+            restore,
+        ))
     }
 }
 
@@ -366,7 +373,10 @@ where
     ) -> Result<()> {
         let batch_size = self.exec.config.batch_size;
         let merged = self.exec.config.order == SnapshotOrder::Merged
-            || self.core.as_ref().is_some_and(|c| c.tracker().needs_global_order());
+            || self
+                .core
+                .as_ref()
+                .is_some_and(|c| c.tracker().needs_global_order());
         // A k-way merge holds one batch per input: read small per-vnode batches so an epoch
         // does not read far more than it emits (rows read but not emitted are read again).
         let read_size = if merged {

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use arrangement_backfill::backfill::core::BackfillStats;
 use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
 use arrangement_backfill::backfill::progress::{ProgressCodec, ProgressMap, VnodeProgress};
-use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk};
+use arrangement_backfill::chunk::{
+    Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk,
+};
 use arrangement_backfill::key::{KeyColumn, Position};
 use arrangement_backfill::store::{MemoryStore, MemoryTable, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
@@ -168,10 +170,12 @@ pub fn batch_of(shape: Shape, rows: &[(Key, i64)]) -> RecordBatch {
         Shape::Int64 => RecordBatch::try_new(
             schema(shape),
             vec![
-                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| match &r.0 {
-                    Key::Int(k) => *k,
-                    Key::Comp(..) => unreachable!(),
-                }))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(
+                    |r| match &r.0 {
+                        Key::Int(k) => *k,
+                        Key::Comp(..) => unreachable!(),
+                    },
+                ))),
                 values,
             ],
         )
@@ -287,7 +291,9 @@ impl Harness {
         barrier.mutation = mutation;
         self.barriers += 1;
         self.in_flight.push((pair, checkpoint, self.u.clone()));
-        self.tx.unbounded_send(Ok(Message::Barrier(barrier))).unwrap();
+        self.tx
+            .unbounded_send(Ok(Message::Barrier(barrier)))
+            .unwrap();
         // Poll until the barrier comes out: the executor must never stall a barrier.
         let mut polls = 0;
         while !self.in_flight.is_empty() {
@@ -298,7 +304,10 @@ impl Harness {
                 self.p
             );
             if !self.poll() {
-                panic!("executor pending with a barrier in flight: deadlock ({:?})", self.p);
+                panic!(
+                    "executor pending with a barrier in flight: deadlock ({:?})",
+                    self.p
+                );
             }
         }
     }
@@ -403,7 +412,10 @@ impl Harness {
         let batch = batch_of(self.p.shape, rows);
         let keys = self.desc.pk().encode(&batch).unwrap();
         let vnodes = self.desc.vnodes_of(&batch).unwrap();
-        ((0..rows.len()).map(|i| keys.value(i).to_vec()).collect(), vnodes)
+        (
+            (0..rows.len()).map(|i| keys.value(i).to_vec()).collect(),
+            vnodes,
+        )
     }
 
     /// I1 (and I4): after the barrier closing `epoch`, the downstream holds exactly the
@@ -424,8 +436,17 @@ impl Harness {
             }
         }
         if expected != self.d {
-            let missing: Vec<_> = expected.iter().filter(|(k, _)| !self.d.contains_key(k)).take(5).collect();
-            let extra: Vec<_> = self.d.iter().filter(|(k, _)| !expected.contains_key(k)).take(5).collect();
+            let missing: Vec<_> = expected
+                .iter()
+                .filter(|(k, _)| !self.d.contains_key(k))
+                .take(5)
+                .collect();
+            let extra: Vec<_> = self
+                .d
+                .iter()
+                .filter(|(k, _)| !expected.contains_key(k))
+                .take(5)
+                .collect();
             panic!(
                 "I1 violated after epoch {epoch}: missing {missing:?}, extra {extra:?} \
                  (sizes {} vs {}) ({:?})",
@@ -439,12 +460,19 @@ impl Harness {
                 let after = progress.get(vnode).unwrap();
                 let ok = match (before, after) {
                     (VnodeProgress::NotStarted, _) => true,
-                    (VnodeProgress::InProgress { pos: a, .. }, VnodeProgress::InProgress { pos: b, .. }) => a <= b,
+                    (
+                        VnodeProgress::InProgress { pos: a, .. },
+                        VnodeProgress::InProgress { pos: b, .. },
+                    ) => a <= b,
                     (VnodeProgress::InProgress { .. }, VnodeProgress::Completed { .. }) => true,
                     (VnodeProgress::Completed { .. }, VnodeProgress::Completed { .. }) => true,
                     _ => false,
                 };
-                assert!(ok, "I4: vnode {vnode} went from {before:?} to {after:?} ({:?})", self.p);
+                assert!(
+                    ok,
+                    "I4: vnode {vnode} went from {before:?} to {after:?} ({:?})",
+                    self.p
+                );
             }
         }
         self.last_progress = Some(progress);
@@ -639,7 +667,11 @@ impl Harness {
 
     /// I2: the downstream equals the upstream.
     pub fn check_finish(&self) {
-        assert_eq!(self.d, self.u, "I2: downstream != upstream after finishing ({:?})", self.p);
+        assert_eq!(
+            self.d, self.u,
+            "I2: downstream != upstream after finishing ({:?})",
+            self.p
+        );
     }
 }
 
@@ -688,5 +720,8 @@ fn start(
 
 /// Per-vnode snapshot row counts (for pitfall tests).
 pub fn vnode_rows(h: &Harness, epoch: u64) -> HashMap<VirtualNode, u64> {
-    h.progress_at(epoch).iter().map(|(v, p)| (v, p.rows())).collect()
+    h.progress_at(epoch)
+        .iter()
+        .map(|(v, p)| (v, p.rows()))
+        .collect()
 }
