@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use crate::backfill::filter::UpstreamFilter;
 use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts};
-use crate::chunk::{Barrier, EpochPair, Message, Mutation, StreamChunk, Watermark};
+use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
 use crate::error::{Error, Result};
 use crate::key::Position;
 use crate::merge::MergeOutput;
@@ -383,7 +383,7 @@ impl<T: Tracker> BackfillCore<T> {
         }
         let stop = self.apply_mutation(barrier.mutation.as_ref(), &mut actions);
         actions.push(Action::Forward(barrier.clone()));
-        if self.phase == Phase::Backfilling {
+        if self.phase == Phase::Backfilling && !stop {
             self.snapshot_reads_this_epoch = 0;
             self.snapshot_exhausted = false;
             if self.tracker.is_finished() {
@@ -414,7 +414,9 @@ impl<T: Tracker> BackfillCore<T> {
             actions.push(Action::Finished);
         } else {
             self.phase = Phase::Backfilling;
-            actions.push(self.snapshot_action(barrier.epoch.prev));
+            if !stop {
+                actions.push(self.snapshot_action(barrier.epoch.prev));
+            }
         }
         if stop {
             self.phase = Phase::Stopped;
@@ -472,16 +474,381 @@ impl<T: Tracker> BackfillCore<T> {
     }
 }
 
-/// Applies actions that only produce messages (for tests and simple drivers): returns the
-/// messages, ignoring store actions.
-pub fn messages_of(actions: &[Action]) -> Vec<Message> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Emit(c) => Some(Message::Chunk(c.clone())),
-            Action::EmitWatermark(w) => Some(Message::Watermark(w.clone())),
-            Action::Forward(b) => Some(Message::Barrier(b.clone())),
-            _ => None,
-        })
-        .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::BarrierKind;
+    use crate::key::KeyColumn;
+    use crate::merge::VnodeAdvance;
+    use crate::store::KeyedBatch;
+    use crate::vnode::{VnodeBitmap, VnodeCount};
+    use arrow_array::Int64Array;
+    use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]))
+    }
+
+    /// A table of one vnode, so every row's vnode is 0.
+    fn desc() -> Arc<TableDesc> {
+        Arc::new(
+            TableDesc::new("t", schema(), vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(1).unwrap()),
+        )
+    }
+
+    fn core_with(progress: ProgressMap) -> BackfillCore<ArrangementTracker> {
+        let desc = desc();
+        let codec = ProgressCodec::new("p", desc.pk(), desc.vnode_count()).unwrap();
+        BackfillCore::new(ArrangementTracker::new(desc, progress, codec), None)
+    }
+
+    fn core() -> BackfillCore<ArrangementTracker> {
+        core_with(ProgressMap::new(VnodeBitmap::full(
+            VnodeCount::new(1).unwrap(),
+        )))
+    }
+
+    fn chunk(text: &str) -> StreamChunk {
+        StreamChunk::from_text(&schema(), text).unwrap()
+    }
+
+    fn barrier(prev: u64, kind: BarrierKind) -> Barrier {
+        Barrier::new(EpochPair::new(prev + 1, prev), kind)
+    }
+
+    /// Snapshot rows with keys `keys` of vnode 0; `exhausted` when they are its last.
+    fn snapshot(keys: &[i64], exhausted: bool) -> MergeOutput {
+        let batch = arrow_array::RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(keys.to_vec())),
+                Arc::new(Int64Array::from(vec![0; keys.len()])),
+            ],
+        )
+        .unwrap();
+        let keyed = KeyedBatch {
+            keys: desc().pk().encode(&batch).unwrap(),
+            batch,
+        };
+        let progress = keyed
+            .last_position()
+            .map(|last| VnodeAdvance {
+                vnode: VirtualNode::ZERO,
+                last,
+                rows: keys.len(),
+            })
+            .into_iter()
+            .collect();
+        MergeOutput {
+            batch: keyed,
+            progress,
+            exhausted: if exhausted {
+                vec![VirtualNode::ZERO]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn emitted(actions: &[Action]) -> String {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Emit(c) => Some(c.to_text().unwrap()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn names(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::Emit(_) => "emit",
+                Action::EmitWatermark(_) => "watermark",
+                Action::Replicate(_) => "replicate",
+                Action::Persist(_) => "persist",
+                Action::Seal(_) => "seal",
+                Action::StartSnapshot { .. } => "start",
+                Action::StopSnapshot => "stop-snapshot",
+                Action::SetRateLimit(_) => "rate",
+                Action::Forward(_) => "forward",
+                Action::Finished => "finished",
+                Action::Stop => "stop",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn first_barrier_forwards_and_starts_the_snapshot_at_its_prev_epoch() {
+        let mut core = core();
+        assert!(
+            core.on_upstream_chunk(chunk("+ 1 1")).is_err(),
+            "nothing before the first barrier"
+        );
+        let actions = core
+            .on_barrier(barrier(1, BarrierKind::Checkpoint))
+            .unwrap();
+        assert_eq!(names(&actions), ["forward", "start"]);
+        assert!(matches!(&actions[1], Action::StartSnapshot { epoch: 1, plan } if plan.len() == 1));
+        assert_eq!(core.phase(), Phase::Backfilling);
+    }
+
+    #[test]
+    fn barrier_runs_its_steps_in_the_documented_order() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_upstream_chunk(chunk("+ 1 1\n+ 9 9")).unwrap();
+        core.on_snapshot_output(snapshot(&[2, 5], false)).unwrap();
+        let b = barrier(2, BarrierKind::Checkpoint).with_mutation(Mutation::Throttle {
+            rows_per_second: Some(10),
+        });
+        let actions = core.on_barrier(b).unwrap();
+        assert_eq!(
+            names(&actions),
+            [
+                "emit",
+                "replicate",
+                "persist",
+                "seal",
+                "rate",
+                "forward",
+                "start"
+            ]
+        );
+        assert_eq!(
+            emitted(&actions),
+            "+ 1 1\n",
+            "key 9 is above the position 5"
+        );
+        assert!(matches!(actions[3], Action::Seal(2)));
+        assert!(matches!(
+            &actions[6],
+            Action::StartSnapshot { epoch: 2, .. }
+        ));
+        assert_eq!(core.rate_limit(), Some(10));
+    }
+
+    #[test]
+    fn not_started_vnodes_drop_and_positions_are_inclusive() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_upstream_chunk(chunk("+ 3 3")).unwrap();
+        let actions = core.on_barrier(barrier(2, BarrierKind::Normal)).unwrap();
+        assert_eq!(emitted(&actions), "", "NotStarted drops");
+        core.on_snapshot_output(snapshot(&[4], false)).unwrap();
+        core.on_upstream_chunk(chunk("U- 4 0\nU+ 4 7\n+ 5 5"))
+            .unwrap();
+        let actions = core.on_barrier(barrier(3, BarrierKind::Normal)).unwrap();
+        assert_eq!(
+            emitted(&actions),
+            "U- 4 0\nU+ 4 7\n",
+            "an update exactly at pos is emitted"
+        );
+    }
+
+    #[test]
+    fn policy_one_snapshot_read_per_active_epoch() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        assert!(core.owes_snapshot_read());
+        core.on_snapshot_output(snapshot(&[1], false)).unwrap();
+        assert!(!core.owes_snapshot_read());
+        core.on_barrier(barrier(2, BarrierKind::Normal)).unwrap();
+        assert!(core.owes_snapshot_read(), "every epoch owes a read again");
+        core.on_barrier(barrier(3, BarrierKind::Normal).with_mutation(Mutation::Pause))
+            .unwrap();
+        assert!(!core.owes_snapshot_read(), "a paused epoch owes nothing");
+        assert!(!core.snapshot_active());
+        let actions = core
+            .on_barrier(barrier(4, BarrierKind::Normal).with_mutation(Mutation::Resume))
+            .unwrap();
+        assert!(core.owes_snapshot_read());
+        assert_eq!(names(&actions).last(), Some(&"start"));
+    }
+
+    #[test]
+    fn throttle_to_zero_stops_only_the_snapshot() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_snapshot_output(snapshot(&[1, 2], false)).unwrap();
+        let actions = core
+            .on_barrier(
+                barrier(2, BarrierKind::Normal).with_mutation(Mutation::Throttle {
+                    rows_per_second: Some(0),
+                }),
+            )
+            .unwrap();
+        assert_eq!(
+            names(&actions),
+            ["persist", "seal", "rate", "forward", "stop-snapshot"]
+        );
+        assert!(!core.snapshot_active());
+        core.on_upstream_chunk(chunk("+ 0 0\n+ 7 7")).unwrap();
+        let actions = core.on_barrier(barrier(3, BarrierKind::Normal)).unwrap();
+        assert_eq!(
+            emitted(&actions),
+            "+ 0 0\n",
+            "upstream changes keep flowing"
+        );
+        let actions = core
+            .on_barrier(
+                barrier(4, BarrierKind::Normal).with_mutation(Mutation::Throttle {
+                    rows_per_second: None,
+                }),
+            )
+            .unwrap();
+        assert_eq!(names(&actions).last(), Some(&"start"));
+    }
+
+    #[test]
+    fn exhaustion_emits_that_epochs_buffered_changes_unfiltered() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_upstream_chunk(chunk("+ 100 1\n- 2 0")).unwrap();
+        core.on_snapshot_output(snapshot(&[2, 3], true)).unwrap();
+        let actions = core
+            .on_barrier(barrier(2, BarrierKind::Checkpoint))
+            .unwrap();
+        assert_eq!(emitted(&actions), "+ 100 1\n- 2 0\n");
+        assert_eq!(
+            names(&actions),
+            [
+                "emit",
+                "persist",
+                "seal",
+                "forward",
+                "stop-snapshot",
+                "finished"
+            ],
+            "no replication once finished"
+        );
+        assert_eq!(core.phase(), Phase::Done);
+    }
+
+    #[test]
+    fn exhaustion_found_by_the_owed_read_at_the_barrier_keeps_the_epochs_rows() {
+        // The driver's owed read finds the snapshot exhausted right before the barrier.
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_upstream_chunk(chunk("+ 50 5")).unwrap();
+        assert!(core.owes_snapshot_read());
+        core.on_snapshot_end().unwrap();
+        let actions = core.on_barrier(barrier(2, BarrierKind::Normal)).unwrap();
+        assert_eq!(emitted(&actions), "+ 50 5\n");
+        assert!(names(&actions).contains(&"finished"));
+    }
+
+    #[test]
+    fn finished_is_reported_exactly_once() {
+        let mut core = core();
+        let mut finished = 0;
+        let mut count = |actions: &[Action]| {
+            finished += actions
+                .iter()
+                .filter(|a| matches!(a, Action::Finished))
+                .count()
+        };
+        count(&core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap());
+        count(&core.on_snapshot_end().unwrap());
+        for prev in 2..8 {
+            count(
+                &core
+                    .on_barrier(barrier(prev, BarrierKind::Checkpoint))
+                    .unwrap(),
+            );
+            count(&core.on_upstream_chunk(chunk("+ 1 1")).unwrap());
+        }
+        assert_eq!(finished, 1);
+    }
+
+    #[test]
+    fn restored_finished_state_reports_once_and_passes_through() {
+        let mut progress = ProgressMap::new(VnodeBitmap::full(VnodeCount::new(1).unwrap()));
+        progress.complete(VirtualNode::ZERO).unwrap();
+        progress.mark_persisted();
+        let mut core = core_with(progress);
+        let actions = core.on_barrier(barrier(9, BarrierKind::Normal)).unwrap();
+        assert_eq!(names(&actions), ["forward", "finished"]);
+        let actions = core.on_upstream_chunk(chunk("+ 1 1")).unwrap();
+        assert_eq!(names(&actions), ["emit"], "chunks pass straight through");
+        let w = Watermark {
+            column: 0,
+            value: Arc::new(Int64Array::from(vec![1])),
+        };
+        assert_eq!(names(&core.on_watermark(w).unwrap()), ["watermark"]);
+        let actions = core
+            .on_barrier(barrier(10, BarrierKind::Checkpoint))
+            .unwrap();
+        assert_eq!(names(&actions), ["forward"]);
+        assert!(core.stats().finished);
+    }
+
+    #[test]
+    fn watermarks_are_dropped_while_backfilling() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        let w = Watermark {
+            column: 0,
+            value: Arc::new(Int64Array::from(vec![1])),
+        };
+        assert!(core.on_watermark(w).unwrap().is_empty());
+    }
+
+    #[test]
+    fn stop_forwards_then_ends() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        let actions = core
+            .on_barrier(barrier(2, BarrierKind::Checkpoint).with_mutation(Mutation::Stop))
+            .unwrap();
+        assert_eq!(
+            names(&actions),
+            ["seal", "forward", "stop-snapshot", "stop"]
+        );
+        assert!(core.on_upstream_chunk(chunk("+ 1 1")).is_err());
+        assert_eq!(core.phase(), Phase::Stopped);
+    }
+
+    #[test]
+    fn barriers_must_continue_the_open_epoch() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        assert!(matches!(
+            core.on_barrier(barrier(5, BarrierKind::Normal)),
+            Err(Error::EpochOrder { .. })
+        ));
+    }
+
+    #[test]
+    fn snapshot_output_after_exhaustion_is_an_internal_error() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_snapshot_end().unwrap();
+        assert!(matches!(
+            core.on_snapshot_output(snapshot(&[1], false)),
+            Err(Error::Internal(_))
+        ));
+    }
+
+    #[test]
+    fn stats_count_rows() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_snapshot_output(snapshot(&[1, 2, 3], false))
+            .unwrap();
+        core.on_upstream_chunk(chunk("+ 0 0\n+ 9 9")).unwrap();
+        core.on_barrier(barrier(2, BarrierKind::Normal)).unwrap();
+        let stats = core.stats();
+        assert_eq!(stats.snapshot_rows, 3);
+        assert_eq!(stats.upstream_rows_emitted, 1);
+        assert_eq!(stats.upstream_rows_dropped, 1);
+        assert_eq!(stats.vnodes.in_progress, 1);
+        assert_eq!(stats.epoch, 3);
+    }
 }
