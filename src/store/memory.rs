@@ -210,6 +210,12 @@ pub struct MemoryTable {
 }
 
 impl MemoryTable {
+    /// How many private layers a replicated handle holds (layers at or below the committed
+    /// epoch are dropped at its next seal): the bound on replicated buffering.
+    pub fn replicated_layers(&self) -> usize {
+        self.local.len()
+    }
+
     fn owner(&self) -> String {
         let kind = if self.replicated { "replicated " } else { "" };
         format!("this {kind}handle on table `{}`", self.desc.name())

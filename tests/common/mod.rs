@@ -123,6 +123,7 @@ pub struct Harness {
     /// The open epoch.
     epoch: u64,
     last_epoch_used: u64,
+    closed: u64,
     barriers: u64,
     committed: Option<Committed>,
     /// The upstream as of each barrier still in flight (sent, not yet seen at the output).
@@ -259,6 +260,7 @@ impl Harness {
             d: BTreeMap::new(),
             epoch: 1,
             last_epoch_used: 1,
+            closed: 1,
             barriers: 0,
             committed: Some((1, u, BTreeMap::new())),
             in_flight: Vec::new(),
@@ -275,6 +277,7 @@ impl Harness {
         self.last_epoch_used += 1;
         let pair = EpochPair::new(self.last_epoch_used, self.epoch);
         self.epoch = pair.curr;
+        self.closed = pair.prev;
         pair
     }
 
@@ -479,6 +482,54 @@ impl Harness {
             }
         }
         self.last_progress = Some(progress);
+    }
+
+    /// Applies a chunk written in the text form (`+ k v`, `U- k v`, ...) upstream and sends it.
+    /// Int64 shape only; the changes must be valid against the upstream model.
+    pub fn push_text(&mut self, text: &str) {
+        let chunk = StreamChunk::from_text(&schema(self.p.shape), text).unwrap();
+        for ((key, v), op) in rows_of(self.p.shape, chunk.batch())
+            .into_iter()
+            .zip(chunk.ops())
+        {
+            if op.is_insert() {
+                assert!(
+                    self.u.insert(key, v).is_none(),
+                    "test bug: insert of an existing key"
+                );
+            } else {
+                assert_eq!(
+                    self.u.remove(&key),
+                    Some(v),
+                    "test bug: delete of another row"
+                );
+            }
+        }
+        self.upstream.write(&chunk).unwrap();
+        self.tx.unbounded_send(Ok(Message::Chunk(chunk))).unwrap();
+    }
+
+    /// Queues a barrier without waiting for it (the upstream stays ready).
+    pub fn queue_barrier(&mut self, checkpoint: bool, mutation: Option<Mutation>) {
+        let pair = self.next_epoch();
+        self.upstream.seal(pair.prev).unwrap();
+        let kind = if checkpoint {
+            BarrierKind::Checkpoint
+        } else {
+            BarrierKind::Normal
+        };
+        let mut barrier = Barrier::new(pair, kind);
+        barrier.mutation = mutation;
+        self.barriers += 1;
+        self.in_flight.push((pair, checkpoint, self.u.clone()));
+        self.tx
+            .unbounded_send(Ok(Message::Barrier(barrier)))
+            .unwrap();
+    }
+
+    /// The open epoch's predecessor: the epoch the last barrier closed.
+    pub fn last_closed_epoch(&self) -> u64 {
+        self.closed
     }
 
     /// Applies a random valid chunk of changes upstream and sends it to the executor.
