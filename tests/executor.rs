@@ -92,11 +92,12 @@ fn spawn(
         while let Some(message) = out.next().await {
             match message.unwrap() {
                 Message::Chunk(c) => *counter.lock().await += c.num_rows() as u64,
-                Message::Barrier(b) if b.is_checkpoint() => {
-                    // The first barrier closes the epoch the store has already committed.
-                    if store.committed_epoch().unwrap() < Some(b.epoch.prev) {
-                        store.commit(b.epoch.prev).unwrap();
-                    }
+                // The first barrier closes the epoch the store has already committed.
+                Message::Barrier(b)
+                    if b.is_checkpoint()
+                        && store.committed_epoch().unwrap() < Some(b.epoch.prev) =>
+                {
+                    store.commit(b.epoch.prev).unwrap();
                 }
                 _ => {}
             }
