@@ -195,50 +195,48 @@ impl ChangelogReader {
         let epochs: Vec<u64> = epoch_col.as_primitive::<UInt64Type>().values().to_vec();
         let codes = op_col.as_primitive::<Int8Type>();
         let mut ops = Vec::with_capacity(n);
-        for i in 0..n {
-            let here = RowLocation {
+        for (i, &epoch) in epochs.iter().enumerate() {
+            let here = || RowLocation {
                 path: path.clone(),
                 row: first_row + i as u64,
-                epoch: epochs[i],
+                epoch,
             };
             if codes.is_null(i) {
-                return Err(here.error(format!("NULL `{OP_COLUMN}`")));
+                return Err(here().error(format!("NULL `{OP_COLUMN}`")));
             }
             let code = codes.value(i);
             let op = Op::from_code(code).map_err(|_| {
-                here.error(format!(
+                here().error(format!(
                     "unknown op code {code} (expected 1 insert, 2 delete, 3 update-delete, 4 update-insert)"
                 ))
             })?;
             if let Some(last) = self.last_epoch
-                && epochs[i] < last
+                && epoch < last
             {
-                return Err(here.error(format!(
-                    "epoch {} after epoch {last}: `{EPOCH_COLUMN}` must never decrease",
-                    epochs[i]
+                return Err(here().error(format!(
+                    "epoch {epoch} after epoch {last}: `{EPOCH_COLUMN}` must never decrease"
                 )));
             }
-            self.last_epoch = Some(epochs[i]);
+            self.last_epoch = Some(epoch);
             match self.open_update.take() {
-                Some(open) => {
-                    if op != Op::UpdateInsert || open.epoch != epochs[i] {
-                        return Err(open.error(format!(
-                            "update-delete (U-) is not immediately followed by its update-insert (U+) in the same epoch (the next row, {} in {}, is {})",
-                            here.describe(),
-                            path.display(),
-                            op.token()
-                        )));
-                    }
+                Some(open) if op != Op::UpdateInsert || open.epoch != epoch => {
+                    return Err(open.error(format!(
+                        "update-delete (U-) is not immediately followed by its update-insert (U+) in the same epoch (the next row, {} in {}, is {})",
+                        here().describe(),
+                        path.display(),
+                        op.token()
+                    )));
                 }
+                Some(_) => {}
                 None if op == Op::UpdateInsert => {
-                    return Err(here.error(
+                    return Err(here().error(
                         "update-insert (U+) without an immediately preceding update-delete (U-)",
                     ));
                 }
                 None => {}
             }
             if op == Op::UpdateDelete {
-                self.open_update = Some(here);
+                self.open_update = Some(here());
             }
             ops.push(op);
         }

@@ -384,3 +384,262 @@ impl Iterator for ChangeChunks {
         next.transpose()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::replay::testing::{
+        MANIFEST, assert_dataset_error, changes, dataset, log, part, raw_changes, rows, write_batch,
+    };
+
+    fn assert_send_static<T: Send + 'static>(_: &T) {}
+
+    #[test]
+    fn open_reads_schema_and_keys() {
+        let dir = dataset(
+            r#"{"name": "t", "primary_key": ["k"], "order": {"k": "desc"}}"#,
+            &[rows("1 a")],
+            &[changes(&[(1, "+ 2 b")])],
+        );
+        let ds = Dataset::open(dir.path()).unwrap();
+        assert_eq!(ds.name(), "t");
+        assert_eq!(ds.dir(), dir.path());
+        assert_eq!(ds.schema().fields().len(), 2);
+        let desc = ds.table_desc(VnodeCount::new(16).unwrap()).unwrap();
+        assert_eq!(desc.vnode_count().get(), 16);
+        assert!(desc.pk().columns()[0].descending);
+    }
+
+    #[test]
+    fn nullability_is_widened() {
+        let strict = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, false),
+        ]));
+        let snapshot = RecordBatch::try_new(strict, rows("1 a").columns().to_vec()).unwrap();
+        let dir = dataset(MANIFEST, &[snapshot], &[changes(&[(1, "+ 2 NULL")])]);
+        let ds = Dataset::open(dir.path()).unwrap();
+        assert!(ds.schema().field(1).is_nullable());
+        let batches: Vec<_> = ds
+            .read_snapshot(10)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(batches[0].schema(), *ds.schema());
+        ds.validate().unwrap();
+    }
+
+    #[test]
+    fn non_parquet_files() {
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[]);
+        std::fs::write(dir.path().join("snapshot/notes.txt"), "hello").unwrap();
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "snapshot/notes.txt", "", "not a Parquet file");
+
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[]);
+        std::fs::create_dir_all(dir.path().join("changes")).unwrap();
+        std::fs::write(dir.path().join("changes/x.parquet"), "not parquet at all").unwrap();
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "changes/x.parquet", "", "unreadable Parquet");
+
+        // Hidden and marker files are skipped.
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[]);
+        std::fs::write(dir.path().join("snapshot/_SUCCESS"), "").unwrap();
+        std::fs::write(dir.path().join("snapshot/.part.crc"), "").unwrap();
+        Dataset::open(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn missing_and_malformed_manifest() {
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[]);
+        std::fs::remove_file(dir.path().join("dataset.json")).unwrap();
+        assert_dataset_error(
+            Dataset::open(dir.path()).unwrap_err(),
+            "dataset.json",
+            "",
+            "missing",
+        );
+        std::fs::write(dir.path().join("dataset.json"), "{\"name\": ").unwrap();
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert!(
+            err.to_string().contains("dataset.json") && err.to_string().contains("malformed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("dataset.json"), MANIFEST).unwrap();
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "snapshot", "", "cannot list");
+        std::fs::create_dir(dir.path().join("snapshot")).unwrap();
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "snapshot", "", "no snapshot files");
+    }
+
+    #[test]
+    fn unknown_key_column() {
+        for manifest in [
+            r#"{"name": "t", "primary_key": ["nope"]}"#,
+            r#"{"name": "t", "primary_key": ["k", "zz"], "distribution_key": ["zz"]}"#,
+        ] {
+            let dir = dataset(manifest, &[rows("1 a")], &[]);
+            let err = Dataset::open(dir.path()).unwrap_err();
+            assert!(matches!(err, Error::Dataset { .. }), "{err}");
+            assert!(err.to_string().contains("dataset.json"), "{err}");
+            assert!(
+                err.to_string().contains("is not a column of the table"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn schema_mismatches() {
+        // Changes with another table column type.
+        let other = Arc::new(Schema::new(vec![
+            Field::new("_epoch", DataType::UInt64, false),
+            Field::new("_op", DataType::Int8, false),
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let wrong = RecordBatch::try_new(
+            other,
+            vec![
+                Arc::new(arrow_array::UInt64Array::from(vec![1])),
+                Arc::new(arrow_array::Int8Array::from(vec![1])),
+                Arc::new(Int64Array::from(vec![2])),
+                Arc::new(Int64Array::from(vec![2])),
+            ],
+        )
+        .unwrap();
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[wrong]);
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "",
+            "differ from the snapshot's",
+        );
+
+        // Changes without `_epoch` / `_op`: the snapshot's columns only.
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[rows("2 b")]);
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "changes/part-00000.parquet", "", "must be `_epoch`");
+        let no_op = changes(&[(1, "+ 2 b")]).project(&[0, 2, 3]).unwrap();
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[no_op]);
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "changes/part-00000.parquet", "", "must be `_op`");
+
+        // Snapshot files that disagree.
+        let k_only = rows("2 b").project(&[0]).unwrap();
+        let dir = dataset(MANIFEST, &[rows("1 a"), k_only], &[]);
+        let err = Dataset::open(dir.path()).unwrap_err();
+        assert_dataset_error(err, "snapshot/part-00001.parquet", "", "disagree");
+    }
+
+    #[test]
+    fn read_snapshot_in_file_order() {
+        let dir = dataset(MANIFEST, &[rows("1 a\n2 b\n3 c"), rows("4 d")], &[]);
+        let ds = Dataset::open(dir.path()).unwrap();
+        let reader = ds.read_snapshot(2).unwrap();
+        assert_send_static(&reader);
+        let batches: Vec<_> = reader.collect::<Result<_>>().unwrap();
+        assert_eq!(
+            batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            vec![2, 1, 1]
+        );
+        let changes = ds.read_changes(4).unwrap();
+        assert_send_static(&changes);
+        assert_eq!(changes.count(), 0, "no changes directory, no changes");
+    }
+
+    /// Every chunk: one epoch, at most `batch_size` rows (+1 for a pair), pairs whole (checked
+    /// by `StreamChunk::new`); all chunks together: the input, in order.
+    #[test]
+    fn read_changes_never_splits_pairs_or_epochs() {
+        // Four files; the third ends inside an update pair whose U+ opens the fourth.
+        let texts = [
+            "1 + 10 a\n1 U- 10 a\n1 U+ 10 b\n1 + 11 c\n1 U- 11 c\n1 U+ 11 d",
+            "2 U- 10 b\n2 U+ 10 e\n2 - 11 d",
+            "2 + 12 f\n2 U- 12 f",
+            "2 U+ 12 g\n2 - 12 g\n5 U- 10 e\n5 U+ 10 h\n5 U- 10 h\n5 U+ 10 i\n5 + 13 j",
+        ];
+        let files: Vec<RecordBatch> = texts.iter().map(|t| log(t)).collect();
+        let expected: String = texts
+            .iter()
+            .flat_map(|t| t.lines())
+            .map(|l| l.split_once(' ').unwrap().1.to_string() + "\n")
+            .collect();
+        let dir = dataset(MANIFEST, &[rows("1 a")], &files);
+        let ds = Dataset::open(dir.path()).unwrap();
+        ds.validate().unwrap();
+        for batch_size in [1, 2, 3, 4, 7, 100] {
+            let mut text = String::new();
+            let mut epochs = Vec::new();
+            for chunk in ds.read_changes(batch_size).unwrap() {
+                let EpochChunk { epoch, chunk } = chunk.unwrap();
+                assert!(
+                    chunk.num_rows() <= batch_size + 1,
+                    "batch size {batch_size}"
+                );
+                if chunk.num_rows() == batch_size + 1 {
+                    assert_eq!(chunk.ops()[batch_size - 1], Op::UpdateDelete);
+                }
+                assert!(!chunk.is_empty());
+                epochs.push(epoch);
+                text += &chunk.to_text().unwrap();
+            }
+            assert_eq!(text, expected, "batch size {batch_size}");
+            assert!(epochs.windows(2).all(|w| w[0] <= w[1]));
+            assert_eq!(epochs.first(), Some(&1));
+            assert_eq!(epochs.last(), Some(&5));
+        }
+        // With a large batch, exactly one chunk per epoch.
+        let epochs: Vec<u64> = ds
+            .read_changes(1000)
+            .unwrap()
+            .map(|c| c.unwrap().epoch)
+            .collect();
+        assert_eq!(epochs, vec![1, 2, 5]);
+    }
+
+    #[test]
+    fn read_changes_reports_shape_errors() {
+        let bad = raw_changes(&[
+            (Some(1), Some(1), Some(5), None),
+            (Some(1), Some(9), Some(6), None),
+        ]);
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[bad]);
+        let ds = Dataset::open(dir.path()).unwrap();
+        let results: Vec<_> = ds.read_changes(10).unwrap().collect();
+        assert_eq!(results.len(), 1, "the stream ends at the error");
+        let err = results.into_iter().next().unwrap().unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 1",
+            "unknown op code 9",
+        );
+    }
+
+    #[test]
+    fn change_files_in_name_order() {
+        let dir = dataset(MANIFEST, &[rows("1 a")], &[]);
+        write_batch(&part(dir.path(), "changes", 1), &changes(&[(2, "+ 3 c")]));
+        write_batch(&part(dir.path(), "changes", 0), &changes(&[(1, "+ 2 b")]));
+        let ds = Dataset::open(dir.path()).unwrap();
+        let epochs: Vec<u64> = ds
+            .read_changes(10)
+            .unwrap()
+            .map(|c| c.unwrap().epoch)
+            .collect();
+        assert_eq!(epochs, vec![1, 2]);
+    }
+}

@@ -24,6 +24,8 @@ mod dataset;
 mod files;
 mod generate;
 mod manifest;
+#[cfg(test)]
+mod testing;
 mod validate;
 mod verify;
 
