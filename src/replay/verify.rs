@@ -133,3 +133,116 @@ fn compare(
         ),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use arrow_array::RecordBatch;
+
+    use super::*;
+    use crate::replay::testing::{MANIFEST, changes, dataset, log, rows, write_batch};
+
+    const SNAPSHOT: &str = "1 a\n2 b\n3 c";
+    const CHANGES: &str = "4 + 4 d\n4 U- 1 a\n4 U+ 1 x\n7 - 2 b\n7 + 2 y\n9 - 3 c";
+
+    fn output(files: &[(u64, RecordBatch)]) -> tempfile::TempDir {
+        let out = tempfile::tempdir().unwrap();
+        for (epoch, batch) in files {
+            write_batch(
+                &out.path().join("changes").join(format!("epoch-{epoch:020}.parquet")),
+                batch,
+            );
+        }
+        out
+    }
+
+    fn run(out_files: &[(u64, RecordBatch)]) -> Result<VerifyReport> {
+        let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[log(CHANGES)]);
+        let ds = Dataset::open(ds_dir.path()).unwrap();
+        let out = output(out_files);
+        verify(&ds, out.path())
+    }
+
+    /// The snapshot as inserts at epoch 1, then the dataset's changes by epoch.
+    fn correct() -> Vec<(u64, RecordBatch)> {
+        vec![
+            (1, changes(&[(1, "+ 1 a\n+ 2 b\n+ 3 c")])),
+            (4, log("4 + 4 d\n4 U- 1 a\n4 U+ 1 x")),
+            (9, log("7 - 2 b\n7 + 2 y\n9 - 3 c")),
+        ]
+    }
+
+    fn message(err: Error) -> String {
+        assert!(matches!(err, Error::Dataset { .. }), "{err}");
+        err.to_string()
+    }
+
+    #[test]
+    fn accepts_a_correct_output() {
+        let report = run(&correct()).unwrap();
+        assert_eq!(
+            report,
+            VerifyReport {
+                output_files: 3,
+                output_rows: 9,
+                final_rows: 3,
+            }
+        );
+        // A different but equivalent changelog is fine too.
+        let report = run(&[(2, changes(&[(2, "+ 4 d\n+ 2 y\n+ 1 x")]))]).unwrap();
+        assert_eq!(report.final_rows, 3);
+    }
+
+    #[test]
+    fn rejects_a_dropped_row() {
+        let mut files = correct();
+        files[2].1 = log("7 - 2 b\n7 + 2 y");
+        let err = message(run(&files).unwrap_err());
+        assert!(
+            err.contains("does not match") && err.contains("key (k=3) expected no row found (k=3, v=c)"),
+            "{err}"
+        );
+        files.remove(0);
+        let err = message(run(&files).unwrap_err());
+        assert!(err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"), "{err}");
+        assert!(err.contains("update-delete (U-) of key (k=1), which does not exist"), "{err}");
+    }
+
+    #[test]
+    fn rejects_a_duplicated_insert() {
+        let mut files = correct();
+        files[1].1 = log("4 + 4 d\n4 + 4 d");
+        let err = message(run(&files).unwrap_err());
+        assert!(err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"), "{err}");
+        assert!(err.contains("insert of key (k=4), which already exists"), "{err}");
+    }
+
+    #[test]
+    fn rejects_a_changed_value() {
+        let mut files = correct();
+        files[2].1 = log("7 - 2 b\n7 + 2 z\n9 - 3 c");
+        let err = message(run(&files).unwrap_err());
+        assert!(err.contains("key (k=2) expected (k=2, v=y) found (k=2, v=z)"), "{err}");
+        // A delete with other values than the row held.
+        files[2].1 = log("7 - 2 q\n7 + 2 y\n9 - 3 c");
+        let err = message(run(&files).unwrap_err());
+        assert!(err.contains("epoch 7, row 0") && err.contains("(k=2, v=b)"), "{err}");
+    }
+
+    #[test]
+    fn rejects_a_lone_update_half() {
+        let mut files = correct();
+        files[1].1 = log("4 + 4 d\n4 U- 1 a\n4 + 1 x");
+        let err = message(run(&files).unwrap_err());
+        assert!(err.contains("epoch 4, row 1") && err.contains("not immediately followed"), "{err}");
+    }
+
+    #[test]
+    fn missing_output_is_an_error() {
+        let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[]);
+        let ds = Dataset::open(ds_dir.path()).unwrap();
+        let err = verify(&ds, Path::new("/nonexistent/out")).unwrap_err();
+        assert!(matches!(err, Error::Dataset { .. }), "{err}");
+    }
+}
