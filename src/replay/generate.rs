@@ -739,3 +739,180 @@ impl Changelog {
         Ok(RecordBatch::try_new(schema, all)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::Dataset;
+
+    fn round_trip(
+        kind: GenKind,
+        scale: f64,
+        epochs: u64,
+    ) -> (Dataset, DatasetSummary, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ds");
+        let opts = GenOptions {
+            epochs,
+            seed: 7,
+            ..GenOptions::new(&kind, scale)
+        };
+        let summary = generate(&kind, &out, &opts).unwrap();
+        let ds = Dataset::open(&out).unwrap();
+        assert_eq!(ds.validate().unwrap(), summary, "{kind:?}");
+        assert_eq!(summary.change_rows, opts.changes);
+        assert_eq!(summary.first_epoch, Some(1));
+        assert!(summary.epochs <= epochs && summary.epochs > epochs / 2);
+        let snapshot: usize = ds
+            .read_snapshot(1000)
+            .unwrap()
+            .map(|b| b.unwrap().num_rows())
+            .sum();
+        assert_eq!(snapshot as u64, summary.snapshot_rows);
+        let mut changed = 0;
+        for chunk in ds.read_changes(100).unwrap() {
+            changed += chunk.unwrap().chunk.num_rows();
+        }
+        assert_eq!(changed as u64, summary.change_rows);
+        (ds, summary, dir)
+    }
+
+    /// The number of changes of each op.
+    fn op_counts(ds: &Dataset) -> [usize; 4] {
+        let mut counts = [0; 4];
+        for chunk in ds.read_changes(1000).unwrap() {
+            for op in chunk.unwrap().chunk.ops() {
+                counts[op.code() as usize - 1] += 1;
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn synthetic_int64_round_trip() {
+        let kind = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: false,
+        };
+        let (ds, summary, _dir) = round_trip(kind, 0.05, 10);
+        assert_eq!(summary.snapshot_rows, 5000);
+        assert_eq!(summary.change_rows, 1000);
+        let [ins, del, ud, ui] = op_counts(&ds);
+        assert!(
+            ins > 100 && del > 100 && ud > 100 && ud == ui,
+            "{ins} {del} {ud} {ui}"
+        );
+    }
+
+    #[test]
+    fn synthetic_composite_skewed_round_trip() {
+        let kind = GenKind::Synthetic {
+            shape: SyntheticShape::Composite,
+            skew: true,
+        };
+        let (ds, _, _dir) = round_trip(kind, 0.05, 5);
+        let desc = ds.table_desc(VnodeCount::DEFAULT).unwrap();
+        assert_eq!(desc.pk().columns()[1], crate::key::KeyColumn::desc("i"));
+        assert_eq!(ds.manifest().distribution_key(), ["s"]);
+        let top = top_vnode_share(&ds);
+        assert!(top > 0.1, "skewed: the busiest vnode has {top} of the rows");
+    }
+
+    #[test]
+    fn skewed_int64_crowds_vnodes() {
+        let even = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: false,
+        };
+        let skewed = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: true,
+        };
+        let (ds, _, _d1) = round_trip(even, 0.05, 3);
+        let (sk, _, _d2) = round_trip(skewed, 0.05, 3);
+        let (even_top, skew_top) = (top_vnode_share(&ds), top_vnode_share(&sk));
+        assert!(even_top < 0.02 && skew_top > 0.1, "{even_top} {skew_top}");
+    }
+
+    /// The share of snapshot rows in the busiest vnode (of 256).
+    fn top_vnode_share(ds: &Dataset) -> f64 {
+        let desc = ds.table_desc(VnodeCount::DEFAULT).unwrap();
+        let mut counts = vec![0usize; 256];
+        let mut total = 0;
+        for batch in ds.read_snapshot(4096).unwrap() {
+            let batch = batch.unwrap();
+            for v in desc.vnodes_of(&batch).unwrap() {
+                counts[v.index()] += 1;
+            }
+            total += batch.num_rows();
+        }
+        *counts.iter().max().unwrap() as f64 / total as f64
+    }
+
+    #[test]
+    fn tpch_round_trips() {
+        let (ds, summary, _d1) = round_trip(GenKind::TpchOrders, 0.001, 4);
+        assert_eq!(summary.snapshot_rows, 1500);
+        assert_eq!(ds.name(), "orders");
+        let (ds, summary, _d2) = round_trip(GenKind::TpchLineitem, 0.001, 4);
+        assert!(summary.snapshot_rows > 5000, "{summary:?}");
+        assert_eq!(ds.manifest().distribution_key(), ["l_orderkey"]);
+    }
+
+    #[test]
+    fn same_seed_same_dataset() {
+        let kind = GenKind::Synthetic {
+            shape: SyntheticShape::Composite,
+            skew: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let opts = GenOptions::new(&kind, 0.01);
+        generate(&kind, &dir.path().join("a"), &opts).unwrap();
+        generate(&kind, &dir.path().join("b"), &opts).unwrap();
+        for file in [
+            "snapshot/part-00000.parquet",
+            "changes/part-00000.parquet",
+            "dataset.json",
+        ] {
+            let a = std::fs::read(dir.path().join("a").join(file)).unwrap();
+            let b = std::fs::read(dir.path().join("b").join(file)).unwrap();
+            assert!(a == b, "{file} differs");
+        }
+    }
+
+    #[test]
+    fn refuses_a_non_empty_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("x"), "").unwrap();
+        let kind = GenKind::TpchOrders;
+        let err = generate(&kind, dir.path(), &GenOptions::new(&kind, 0.001)).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    }
+
+    #[test]
+    fn zero_changes_and_bad_options() {
+        let kind = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let opts = GenOptions {
+            changes: 0,
+            ..GenOptions::new(&kind, 0.001)
+        };
+        let summary = generate(&kind, &dir.path().join("a"), &opts).unwrap();
+        assert_eq!(
+            (summary.snapshot_rows, summary.change_rows, summary.epochs),
+            (100, 0, 0)
+        );
+        Dataset::open(&dir.path().join("a"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        let bad = GenOptions {
+            epochs: 0,
+            ..GenOptions::new(&kind, 0.001)
+        };
+        assert!(generate(&kind, &dir.path().join("b"), &bad).is_err());
+    }
+}

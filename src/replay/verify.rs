@@ -150,7 +150,9 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         for (epoch, batch) in files {
             write_batch(
-                &out.path().join("changes").join(format!("epoch-{epoch:020}.parquet")),
+                &out.path()
+                    .join("changes")
+                    .join(format!("epoch-{epoch:020}.parquet")),
                 batch,
             );
         }
@@ -200,13 +202,20 @@ mod tests {
         files[2].1 = log("7 - 2 b\n7 + 2 y");
         let err = message(run(&files).unwrap_err());
         assert!(
-            err.contains("does not match") && err.contains("key (k=3) expected no row found (k=3, v=c)"),
+            err.contains("does not match")
+                && err.contains("key (k=3) expected no row found (k=3, v=c)"),
             "{err}"
         );
         files.remove(0);
         let err = message(run(&files).unwrap_err());
-        assert!(err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"), "{err}");
-        assert!(err.contains("update-delete (U-) of key (k=1), which does not exist"), "{err}");
+        assert!(
+            err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"),
+            "{err}"
+        );
+        assert!(
+            err.contains("update-delete (U-) of key (k=1), which does not exist"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -214,8 +223,14 @@ mod tests {
         let mut files = correct();
         files[1].1 = log("4 + 4 d\n4 + 4 d");
         let err = message(run(&files).unwrap_err());
-        assert!(err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"), "{err}");
-        assert!(err.contains("insert of key (k=4), which already exists"), "{err}");
+        assert!(
+            err.contains("epoch-00000000000000000004.parquet: epoch 4, row 1"),
+            "{err}"
+        );
+        assert!(
+            err.contains("insert of key (k=4), which already exists"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -223,11 +238,17 @@ mod tests {
         let mut files = correct();
         files[2].1 = log("7 - 2 b\n7 + 2 z\n9 - 3 c");
         let err = message(run(&files).unwrap_err());
-        assert!(err.contains("key (k=2) expected (k=2, v=y) found (k=2, v=z)"), "{err}");
+        assert!(
+            err.contains("key (k=2) expected (k=2, v=y) found (k=2, v=z)"),
+            "{err}"
+        );
         // A delete with other values than the row held.
         files[2].1 = log("7 - 2 q\n7 + 2 y\n9 - 3 c");
         let err = message(run(&files).unwrap_err());
-        assert!(err.contains("epoch 7, row 0") && err.contains("(k=2, v=b)"), "{err}");
+        assert!(
+            err.contains("epoch 7, row 0") && err.contains("(k=2, v=b)"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -235,7 +256,10 @@ mod tests {
         let mut files = correct();
         files[1].1 = log("4 + 4 d\n4 U- 1 a\n4 + 1 x");
         let err = message(run(&files).unwrap_err());
-        assert!(err.contains("epoch 4, row 1") && err.contains("not immediately followed"), "{err}");
+        assert!(
+            err.contains("epoch 4, row 1") && err.contains("not immediately followed"),
+            "{err}"
+        );
     }
 
     #[test]
