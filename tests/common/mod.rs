@@ -103,6 +103,9 @@ impl Params {
 
 type Output = Pin<Box<dyn Stream<Item = arrangement_backfill::Result<Message>> + Send>>;
 
+/// A committed checkpoint: its epoch, the upstream and the downstream tables then.
+type Committed = (u64, BTreeMap<Key, i64>, BTreeMap<Key, i64>);
+
 /// The harness: upstream, executor, models.
 pub struct Harness {
     pub p: Params,
@@ -121,7 +124,8 @@ pub struct Harness {
     epoch: u64,
     last_epoch_used: u64,
     barriers: u64,
-    committed: Option<(u64, BTreeMap<Key, i64>, BTreeMap<Key, i64>)>,
+    /// The last committed checkpoint: its epoch, the upstream and the downstream then.
+    committed: Option<Committed>,
     /// The upstream as of each barrier still in flight (sent, not yet seen at the output).
     in_flight: Vec<(EpochPair, bool, BTreeMap<Key, i64>)>,
     last_progress: Option<ProgressMap>,
@@ -598,7 +602,7 @@ impl Harness {
 
     /// A barrier, a checkpoint every `checkpoint_every`.
     pub fn barrier(&mut self) {
-        let checkpoint = self.barriers % self.p.checkpoint_every == 0;
+        let checkpoint = self.barriers.is_multiple_of(self.p.checkpoint_every);
         self.send_barrier(checkpoint, None);
         if self.p.restart_prob > 0.0 && self.rng.random_bool(self.p.restart_prob) {
             self.restart();
