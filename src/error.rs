@@ -110,7 +110,79 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A dataset (DESIGN section 9) or a replay's output that is malformed or inconsistent:
+    /// a missing or malformed manifest, an unreadable Parquet file, a NULL or duplicate key, an
+    /// unknown op, a decreasing epoch, a lone update half, a delete of an absent row, ...
+    #[error("{}: {}{message}", .path.display(), location_prefix(.location))]
+    Dataset {
+        /// The file at fault (or the dataset directory).
+        path: std::path::PathBuf,
+        /// Where in the file: `"row 17"`, `"epoch 5, row 3"`, or empty when it is the whole
+        /// file. Rows are counted from 0 within the file.
+        location: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// `"{location}: "`, or nothing for an empty location.
+fn location_prefix(location: &str) -> String {
+    if location.is_empty() {
+        String::new()
+    } else {
+        format!("{location}: ")
+    }
+}
+
+impl Error {
+    /// True for errors caused by bad input (a dataset, a table definition, a chunk) rather
+    /// than by the system: the command-line tool exits with status 2 for these, 1 otherwise.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            Error::Dataset { .. }
+                | Error::SchemaMismatch { .. }
+                | Error::UnknownColumn { .. }
+                | Error::InvalidChunk(_)
+                | Error::UnsupportedType { .. }
+        )
+    }
+
+    /// An [`Error::Dataset`] error.
+    pub fn dataset(
+        path: impl Into<std::path::PathBuf>,
+        location: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Dataset {
+            path: path.into(),
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_error_names_file_and_location() {
+        let e = Error::dataset(
+            "/d/changes/a.parquet",
+            "epoch 5, row 3",
+            "unknown op code 9",
+        );
+        assert_eq!(
+            e.to_string(),
+            "/d/changes/a.parquet: epoch 5, row 3: unknown op code 9"
+        );
+        let e = Error::dataset("/d/dataset.json", "", "missing");
+        assert_eq!(e.to_string(), "/d/dataset.json: missing");
+        assert!(e.is_bad_input());
+        assert!(!Error::Internal("x".into()).is_bad_input());
+    }
 }

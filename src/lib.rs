@@ -124,6 +124,7 @@ pub mod chunk;
 pub mod error;
 pub mod key;
 pub mod merge;
+pub mod replay;
 pub mod store;
 pub mod table;
 pub mod vnode;

@@ -1,0 +1,36 @@
+//! Datasets and replays (DESIGN section 9): reading, validating, generating and verifying.
+//!
+//! A dataset is a directory: `dataset.json` (the [`Manifest`]), `snapshot/*.parquet` (the
+//! upstream table at the start) and `changes/*.parquet` (the upstream changelog: `_epoch`,
+//! `_op`, then the table's columns). A replay loads the snapshot, backfills an identity
+//! downstream while feeding the changelog, and writes the downstream changelog to
+//! `out/changes/epoch-<20 digits>.parquet`.
+//!
+//! ```text
+//!   generate ──> dataset dir ──> Dataset::open ──> validate ──> read_snapshot / read_changes
+//!                                                                  │ (the job)
+//!                          verify(dataset, out) <── out/changes/epoch-*.parquet
+//! ```
+//!
+//! Invariants:
+//! - every error about the data is an [`crate::Error::Dataset`] naming the file, the row within
+//!   it (from 0) and the epoch where one applies; [`crate::Error::is_bad_input`] is true for it;
+//! - [`Dataset::read_changes`] never splits a U-/U+ pair and never mixes two epochs in a chunk;
+//! - a dataset that passes [`Dataset::validate`] applies cleanly, row by row, to its snapshot.
+
+mod apply;
+mod changelog;
+mod dataset;
+mod files;
+mod generate;
+mod manifest;
+#[cfg(test)]
+mod testing;
+mod validate;
+mod verify;
+
+pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
+pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
+pub use manifest::{Direction, MANIFEST_FILE, Manifest};
+pub use validate::validate;
+pub use verify::{VerifyReport, verify};

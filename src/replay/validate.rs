@@ -1,0 +1,298 @@
+//! The full validation pass over a dataset, run before anything of a replay is committed.
+//!
+//! One pass over the snapshot and the changelog, with a table model of encoded keys (and a
+//! 64-bit hash of each row, so a delete must carry the values the row has). Each error is an
+//! [`Error::Dataset`] naming the file, the row within it (from 0) and, for changes, the epoch:
+//!
+//! | where     | what                                                                     |
+//! |-----------|--------------------------------------------------------------------------|
+//! | snapshot  | NULL key value, duplicate key                                            |
+//! | changes   | NULL `_epoch`/`_op`, unknown op code, decreasing `_epoch`                 |
+//! | changes   | U- not immediately followed by its U+ (same epoch), U+ without its U-    |
+//! | changes   | NULL key value, delete/U- of an absent key or with other values,         |
+//! |           | insert/U+ of an existing key (U- applies before U+)                      |
+//!
+//! Memory is O(table): one encoded key and one hash per live row.
+
+use super::apply::KeyedTable;
+use super::dataset::{Dataset, DatasetSummary};
+use crate::error::{Error, Result};
+use crate::vnode::VnodeCount;
+
+/// Rows per batch read during validation.
+const BATCH_SIZE: usize = 8192;
+
+/// Validates `dataset` (see the module docs) and counts its rows and epochs.
+pub fn validate(dataset: &Dataset) -> Result<DatasetSummary> {
+    let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
+    let mut table = KeyedTable::<u64>::new(dataset.schema(), desc.pk().clone())?;
+    let mut summary = DatasetSummary::default();
+    for path in dataset.snapshot_files() {
+        let mut first_row = 0u64;
+        for batch in dataset.snapshot_file_reader(path, BATCH_SIZE)? {
+            let batch = batch?;
+            table.load(&batch, |i, message| {
+                Error::dataset(path, format!("row {}", first_row + i as u64), message)
+            })?;
+            first_row += batch.num_rows() as u64;
+        }
+        summary.snapshot_rows += first_row;
+    }
+    for rows in dataset.changelog(BATCH_SIZE) {
+        let rows = rows?;
+        table.apply(&rows.data, &rows.ops, |i, message| {
+            rows.location(i).error(message)
+        })?;
+        for &epoch in &rows.epochs {
+            if summary.last_epoch != Some(epoch) {
+                summary.epochs += 1;
+                summary.first_epoch.get_or_insert(epoch);
+                summary.last_epoch = Some(epoch);
+            }
+        }
+        summary.change_rows += rows.ops.len() as u64;
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::testing::{
+        MANIFEST, assert_dataset_error, changes, dataset, raw_changes, rows,
+    };
+
+    fn check(
+        snapshot: &[&str],
+        change_files: &[arrow_array::RecordBatch],
+    ) -> Result<DatasetSummary> {
+        let snapshot: Vec<_> = snapshot.iter().map(|t| rows(t)).collect();
+        let dir = dataset(MANIFEST, &snapshot, change_files);
+        Dataset::open(dir.path())?.validate()
+    }
+
+    #[test]
+    fn valid_dataset_is_counted() {
+        let summary = check(
+            &["1 a\n2 b", "3 c"],
+            &[
+                changes(&[(7, "+ 4 d\nU- 1 a\nU+ 1 x"), (7, "- 2 b")]),
+                changes(&[(9, "+ 2 b2\n- 4 d\n+ 4 d"), (12, "U- 3 c\nU+ 5 c")]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            summary,
+            DatasetSummary {
+                snapshot_rows: 3,
+                change_rows: 9,
+                epochs: 3,
+                first_epoch: Some(7),
+                last_epoch: Some(12),
+            }
+        );
+    }
+
+    #[test]
+    fn no_changes_is_valid() {
+        let summary = check(&["1 a"], &[]).unwrap();
+        assert_eq!((summary.snapshot_rows, summary.epochs), (1, 0));
+        assert_eq!(summary.first_epoch, None);
+    }
+
+    #[test]
+    fn snapshot_null_key_names_file_and_row() {
+        let err = check(&["1 a", "2 b\nNULL c"], &[]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "snapshot/part-00001.parquet",
+            "row 1",
+            "NULL in primary key column `k`",
+        );
+    }
+
+    #[test]
+    fn snapshot_duplicate_key_names_file_and_row() {
+        let err = check(&["1 a\n2 b", "3 c\n2 z"], &[]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "snapshot/part-00001.parquet",
+            "row 1",
+            "duplicate primary key (k=2)",
+        );
+    }
+
+    #[test]
+    fn unknown_op_code() {
+        let bad = raw_changes(&[
+            (Some(1), Some(1), Some(5), None),
+            (Some(1), Some(7), Some(6), None),
+        ]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 1",
+            "unknown op code 7",
+        );
+    }
+
+    #[test]
+    fn null_epoch_and_null_op() {
+        let bad = raw_changes(&[
+            (Some(1), Some(1), Some(5), None),
+            (None, Some(1), Some(6), None),
+        ]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(err, "changes/part-00000.parquet", "row 1", "NULL `_epoch`");
+        let bad = raw_changes(&[(Some(3), None, Some(5), None)]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 3, row 0",
+            "NULL `_op`",
+        );
+    }
+
+    #[test]
+    fn decreasing_epoch_within_and_across_files() {
+        let err = check(&["1 a"], &[changes(&[(5, "+ 2 b"), (4, "+ 3 c")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 4, row 1",
+            "after epoch 5",
+        );
+        let err = check(
+            &["1 a"],
+            &[
+                changes(&[(5, "+ 2 b")]),
+                changes(&[(5, "+ 3 c"), (2, "+ 4 d")]),
+            ],
+        )
+        .unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00001.parquet",
+            "epoch 2, row 1",
+            "must never decrease",
+        );
+    }
+
+    #[test]
+    fn lone_update_halves() {
+        // U- followed by an insert.
+        let bad = raw_changes(&[
+            (Some(1), Some(3), Some(1), Some("a")),
+            (Some(1), Some(1), Some(2), None),
+        ]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 0",
+            "not immediately followed",
+        );
+        // U- at the very end.
+        let bad = raw_changes(&[
+            (Some(1), Some(1), Some(2), None),
+            (Some(1), Some(3), Some(1), Some("a")),
+        ]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 1",
+            "end of the changelog",
+        );
+        // U+ alone.
+        let bad = raw_changes(&[(Some(2), Some(4), Some(1), Some("b"))]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 2, row 0",
+            "without an immediately preceding",
+        );
+        // A pair split by an epoch boundary.
+        let bad = raw_changes(&[
+            (Some(1), Some(3), Some(1), Some("a")),
+            (Some(2), Some(4), Some(1), Some("b")),
+        ]);
+        let err = check(&["1 a"], &[bad]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 0",
+            "same epoch",
+        );
+    }
+
+    #[test]
+    fn update_pair_across_files_is_fine() {
+        let a = raw_changes(&[(Some(1), Some(3), Some(1), Some("a"))]);
+        let b = raw_changes(&[(Some(1), Some(4), Some(1), Some("b"))]);
+        assert_eq!(check(&["1 a"], &[a, b]).unwrap().change_rows, 2);
+    }
+
+    #[test]
+    fn deletes_of_absent_keys() {
+        let err = check(&["1 a"], &[changes(&[(1, "+ 2 b"), (2, "- 3 c")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 2, row 1",
+            "delete of key (k=3), which does not exist",
+        );
+        let err = check(&["1 a"], &[changes(&[(1, "- 1 a\nU- 1 a\nU+ 1 b")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 1",
+            "update-delete (U-) of key (k=1)",
+        );
+    }
+
+    #[test]
+    fn inserts_of_existing_keys() {
+        let err = check(&["1 a"], &[changes(&[(1, "+ 2 b\n+ 1 z")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 1",
+            "insert of key (k=1), which already exists",
+        );
+        // U- applies before U+: a pair with different keys is a delete then an insert.
+        let err = check(&["1 a\n2 b"], &[changes(&[(3, "U- 1 a\nU+ 2 x")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 3, row 1",
+            "update-insert (U+) of key (k=2)",
+        );
+        assert!(check(&["1 a"], &[changes(&[(3, "U- 1 a\nU+ 2 x\n+ 1 y")])]).is_ok());
+    }
+
+    #[test]
+    fn delete_with_other_values() {
+        let err = check(&["1 a"], &[changes(&[(1, "- 1 b")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 1, row 0",
+            "differ from the stored row",
+        );
+    }
+
+    #[test]
+    fn null_key_in_a_change() {
+        let err = check(&["1 a"], &[changes(&[(4, "+ 2 b\n+ NULL c")])]).unwrap_err();
+        assert_dataset_error(
+            err,
+            "changes/part-00000.parquet",
+            "epoch 4, row 1",
+            "NULL in primary key column `k`",
+        );
+    }
+}
