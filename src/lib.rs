@@ -122,6 +122,7 @@
 pub mod backfill;
 pub mod chunk;
 pub mod error;
+pub mod job;
 pub mod key;
 pub mod merge;
 pub mod replay;

@@ -521,6 +521,59 @@ mod tests {
     }
 
     #[test]
+    fn view_columns_do_not_pile_up_buffers_across_commits() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::{Int64Array, RecordBatch, StringViewArray};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8View, false),
+        ]));
+        let store = MemoryStore::new();
+        let desc = TableDesc::new("views", schema.clone(), vec![KeyColumn::asc("k")])
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(1).unwrap());
+        store.create_table(desc).unwrap();
+        let mut t = store
+            .table("views", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+            .unwrap();
+        let batch = |keys: Vec<i64>| {
+            let values: Vec<String> = keys
+                .iter()
+                .map(|k| format!("a long string value {k:>20}"))
+                .collect();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(keys)),
+                    Arc::new(StringViewArray::from_iter_values(values)),
+                ],
+            )
+            .unwrap()
+        };
+        t.write(&StreamChunk::inserts(batch(
+            (0..1000).map(|k| k * 2).collect(),
+        )))
+        .unwrap();
+        t.seal(1).unwrap();
+        store.commit(1).unwrap();
+        for epoch in 2..14u64 {
+            // Sparse inserts between existing keys rewrite the one segment every commit.
+            t.write(&StreamChunk::inserts(batch(vec![
+                epoch as i64 * 20 + 1,
+                epoch as i64 * 40 + 1,
+            ])))
+            .unwrap();
+            t.seal(epoch).unwrap();
+            store.commit(epoch).unwrap();
+        }
+        let mut scan = t.scan(VirtualNode::ZERO, None, 13, 4096).unwrap();
+        while let Some(b) = scan.next_batch().unwrap() {
+            let buffers = b.batch.column(1).as_string_view().data_buffers().len();
+            assert!(buffers <= 2, "{buffers} data buffers after 12 rewrites");
+        }
+    }
+
+    #[test]
     fn replicated_layers_are_private_and_dropped_on_commit() {
         let (store, desc) = store_with_table(1);
         let all = VnodeBitmap::full(desc.vnode_count());

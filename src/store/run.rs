@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow_buffer::BooleanBuffer;
+use arrow_schema::DataType;
 use rayon::prelude::*;
 
 use crate::chunk::Op;
@@ -67,6 +68,34 @@ impl Run {
     }
 }
 
+/// Compacts the string and binary *view* columns of a batch kept by the store.
+///
+/// `take`, `interleave` and `concat` of view arrays keep every data buffer of their inputs
+/// (views point into them), and concatenation appends the inputs' buffer lists. A segment
+/// rewritten commit after commit would pile up references (and memory) without bound, so
+/// every batch the store keeps holds its own copy of just the bytes it uses.
+fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let needs_gc = batch
+        .columns()
+        .iter()
+        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView));
+    if !needs_gc {
+        return Ok(batch);
+    }
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => c.clone(),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
 /// The first index in `0..len` where `pred` is false (`pred` must be monotone).
 fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
     let (mut lo, mut hi) = (0, len);
@@ -118,7 +147,7 @@ pub(crate) fn build_runs(
             });
             let take = UInt32Array::from(last);
             let data = KeyedBatch {
-                batch: arrow_select::take::take_record_batch(batch, &take)?,
+                batch: gc_views(arrow_select::take::take_record_batch(batch, &take)?)?,
                 keys: arrow_select::take::take(&keys, &take, None)?
                     .as_binary::<i32>()
                     .clone(),
@@ -360,7 +389,10 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
         let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS);
         while let Some(data) = reader.next_batch()? {
             out.push(Arc::new(Run {
-                data,
+                data: KeyedBatch {
+                    batch: gc_views(data.batch)?,
+                    keys: data.keys,
+                },
                 deleted: None,
             }));
         }
