@@ -12,7 +12,10 @@
 //! one snapshot batch, so neither starves the other. Before it handles a barrier, an epoch
 //! that has read no snapshot batch reads one ([`BackfillCore::owes_snapshot_read`], I6). A
 //! token bucket limits snapshot rows per second (changed online by `Throttle`; 0 pauses the
-//! snapshot side only). Progress is published on a `tokio::sync::watch` channel.
+//! snapshot side only). The owed read may overdraw the bucket, so under a limit snapshot
+//! batches shrink to a tenth of a second's worth of rows: the limit holds as long as barriers
+//! come less than ten times a second. Progress is published on a `tokio::sync::watch`
+//! channel.
 //!
 //! The store commits nothing by itself: whoever collects the checkpoint barrier from the
 //! output (the job, or a test) calls [`StateStore::commit`] with its `prev` epoch.
@@ -371,7 +374,15 @@ where
         epoch: u64,
         plan: Vec<(crate::vnode::VirtualNode, Option<crate::key::Position>)>,
     ) -> Result<()> {
-        let batch_size = self.exec.config.batch_size;
+        // Under a rate limit a batch is at most a tenth of a second's worth of rows, so the
+        // one batch every epoch reads (I6) cannot override the limit by much.
+        let batch_size = match self.limiter.rate {
+            Some(rate) if rate > 0 => {
+                let tenth = usize::try_from(rate / 10).unwrap_or(usize::MAX).max(1);
+                self.exec.config.batch_size.min(tenth)
+            }
+            _ => self.exec.config.batch_size,
+        };
         let merged = self.exec.config.order == SnapshotOrder::Merged
             || self
                 .core

@@ -40,7 +40,7 @@ const LOAD_BATCH_ROWS: usize = 64 * 1024;
 /// Upstream messages in flight between the source task and the backfill.
 const CHANNEL_CAPACITY: usize = 64;
 /// The barrier interval once the changelog is exhausted, when none is configured.
-const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(20);
+const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Settings of a replay.
 #[derive(Debug, Clone)]

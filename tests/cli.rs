@@ -1,0 +1,366 @@
+//! The `backfill` command line end to end: generated datasets of both key shapes replayed and
+//! verified under every mode, bad input rejected with status 2 and a message naming where,
+//! tampered output caught, and the bundled dataset replayed and verified.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrangement_backfill::chunk::{StreamChunk, changelog_schema};
+use arrow_array::{Int8Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+
+fn backfill(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = backfill(args);
+    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
+    o
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn generate(dir: &Path, shape: &str, seed: &str) -> PathBuf {
+    let out = dir.join(format!("ds-{shape}-{seed}"));
+    ok(&[
+        "gen",
+        "synthetic",
+        "--out",
+        path(&out),
+        "--scale",
+        "0.03",
+        "--epochs",
+        "12",
+        "--seed",
+        seed,
+        "--shape",
+        shape,
+    ]);
+    out
+}
+
+#[test]
+fn generated_datasets_replay_exactly_once_in_every_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    for shape in ["int64", "composite"] {
+        let dataset = generate(tmp.path(), shape, "7");
+        let modes: [&[&str]; 5] = [
+            &["--order", "merged", "--checkpoint-every", "1"],
+            &["--order", "vnode", "--checkpoint-every", "1"],
+            &[
+                "--order",
+                "merged",
+                "--checkpoint-every",
+                "5",
+                "--batch-size",
+                "100",
+            ],
+            &[
+                "--order",
+                "vnode",
+                "--checkpoint-every",
+                "5",
+                "--upstream-rate",
+                "20000",
+            ],
+            &[
+                "--order",
+                "merged",
+                "--upstream-rate",
+                "20000",
+                "--barrier-interval-ms",
+                "5",
+                "--vnodes",
+                "16",
+            ],
+        ];
+        for (i, mode) in modes.iter().enumerate() {
+            let out = tmp.path().join(format!("out-{shape}-{i}"));
+            let mut args = vec![
+                "replay",
+                path(&dataset),
+                "--out",
+                path(&out),
+                "--progress",
+                "none",
+                "--verify",
+            ];
+            args.extend_from_slice(mode);
+            let o = ok(&args);
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            assert!(stdout.contains("verified"), "{}", text(&o));
+            assert!(stdout.contains("snapshot rows"), "{}", text(&o));
+            ok(&["verify", path(&dataset), path(&out)]);
+        }
+    }
+}
+
+#[test]
+fn plain_progress_reports_on_stderr() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "int64", "3");
+    let out = tmp.path().join("out");
+    let started = std::time::Instant::now();
+    let o = ok(&[
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "plain",
+        "--rate-limit",
+        "1000",
+    ]);
+    // 3000 snapshot rows at 1000 rows/s: the twelve epochs' owed reads take at most 100 rows
+    // each, so the rest needs well over a second.
+    assert!(
+        started.elapsed().as_secs_f64() > 1.0,
+        "the rate limit was not honoured"
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("vnodes done"), "{}", text(&o));
+}
+
+#[test]
+fn verify_catches_tampered_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "int64", "11");
+    let out = tmp.path().join("out");
+    ok(&[
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+    ]);
+    ok(&["verify", path(&dataset), path(&out)]);
+    // Drop the last output file: the changes of the last checkpoint are missing.
+    let mut files: Vec<_> = std::fs::read_dir(out.join("changes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    std::fs::remove_file(files.last().unwrap()).unwrap();
+    let o = backfill(&["verify", path(&dataset), path(&out)]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("error"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn the_bundled_dataset_replays_and_verifies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let dataset = Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/tpch-lineitem-sf0.01");
+    let o = ok(&[
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+        "--verify",
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("60175"), "{}", text(&o));
+    assert!(stdout.contains("verified"), "{}", text(&o));
+}
+
+#[test]
+fn usage_errors_exit_two() {
+    assert_eq!(backfill(&["replay"]).status.code(), Some(2));
+    assert_eq!(
+        backfill(&["replay", "x", "--order", "sideways"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(backfill(&["frobnicate"]).status.code(), Some(2));
+}
+
+// ---- bad input: tiny datasets written by hand ----
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("v", DataType::Utf8, true),
+    ]))
+}
+
+fn write(path: &Path, batch: &RecordBatch) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+fn snapshot(text: &str) -> RecordBatch {
+    let chunk: String = text.lines().map(|l| format!("+ {l}\n")).collect();
+    StreamChunk::from_text(&schema(), &chunk)
+        .unwrap()
+        .batch()
+        .clone()
+}
+
+fn changes(epochs: &[(u64, &str)]) -> RecordBatch {
+    let batches: Vec<RecordBatch> = epochs
+        .iter()
+        .map(|(e, t)| {
+            StreamChunk::from_text(&schema(), t)
+                .unwrap()
+                .to_changelog(Some(*e))
+                .unwrap()
+        })
+        .collect();
+    arrow_select::concat::concat_batches(&changelog_schema(&schema(), true), &batches).unwrap()
+}
+
+/// A dataset directory: manifest text, snapshot rows, changelog.
+fn dataset(dir: &Path, manifest: Option<&str>, snap: &RecordBatch, log: Option<&RecordBatch>) {
+    std::fs::create_dir_all(dir).unwrap();
+    if let Some(m) = manifest {
+        std::fs::write(dir.join("dataset.json"), m).unwrap();
+    }
+    write(&dir.join("snapshot/part-0.parquet"), snap);
+    if let Some(log) = log {
+        write(&dir.join("changes/part-0.parquet"), log);
+    }
+}
+
+const MANIFEST: &str = r#"{"name": "t", "primary_key": ["k"]}"#;
+
+/// Runs a replay of a bad dataset: exit 2, a message with every `needle`, no output written.
+fn rejects(dir: &Path, needles: &[&str]) {
+    let out = dir.with_extension("out");
+    let o = backfill(&[
+        "replay",
+        path(dir),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "missing {needle:?} in {}",
+            text(&o)
+        );
+    }
+    assert!(!out.exists(), "nothing may be written on bad input");
+}
+
+#[test]
+fn bad_datasets_exit_two_with_file_row_and_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = snapshot("1 a\n2 b\n3 c");
+    let d = |name: &str| tmp.path().join(name);
+
+    dataset(&d("no-manifest"), None, &good, None);
+    rejects(&d("no-manifest"), &["dataset.json"]);
+
+    dataset(&d("bad-json"), Some("{\"name\": "), &good, None);
+    rejects(&d("bad-json"), &["dataset.json"]);
+
+    dataset(
+        &d("unknown-key"),
+        Some(r#"{"name": "t", "primary_key": ["nope"]}"#),
+        &good,
+        None,
+    );
+    rejects(&d("unknown-key"), &["nope"]);
+
+    dataset(
+        &d("dup-key"),
+        Some(MANIFEST),
+        &snapshot("1 a\n2 b\n2 c"),
+        None,
+    );
+    rejects(&d("dup-key"), &["part-0.parquet", "row 2"]);
+
+    dataset(
+        &d("null-key"),
+        Some(MANIFEST),
+        &snapshot("1 a\nNULL b"),
+        None,
+    );
+    rejects(&d("null-key"), &["part-0.parquet", "row 1"]);
+
+    let log = changes(&[(1, "+ 4 d"), (2, "- 1 a")]);
+    let mut columns = log.columns().to_vec();
+    columns[1] = Arc::new(Int8Array::from(vec![1, 9]));
+    let unknown_op = RecordBatch::try_new(log.schema(), columns).unwrap();
+    dataset(&d("unknown-op"), Some(MANIFEST), &good, Some(&unknown_op));
+    rejects(&d("unknown-op"), &["changes", "row 1", "9"]);
+
+    let decreasing = changes(&[(5, "+ 4 d"), (3, "+ 5 e")]);
+    dataset(&d("decreasing"), Some(MANIFEST), &good, Some(&decreasing));
+    rejects(&d("decreasing"), &["changes", "row 1", "epoch"]);
+
+    let absent = changes(&[(1, "+ 4 d"), (2, "- 9 z")]);
+    dataset(&d("absent"), Some(MANIFEST), &good, Some(&absent));
+    rejects(&d("absent"), &["changes", "epoch 2", "row 1"]);
+
+    let existing = changes(&[(1, "+ 2 b")]);
+    dataset(&d("existing"), Some(MANIFEST), &good, Some(&existing));
+    rejects(&d("existing"), &["changes", "row 0"]);
+
+    let lone = changes(&[(1, "- 1 a")]);
+    let mut columns = lone.columns().to_vec();
+    columns[1] = Arc::new(Int8Array::from(vec![3]));
+    let lone = RecordBatch::try_new(lone.schema(), columns).unwrap();
+    dataset(&d("lone-update"), Some(MANIFEST), &good, Some(&lone));
+    rejects(&d("lone-update"), &["changes", "row 0"]);
+
+    dataset(&d("not-parquet"), Some(MANIFEST), &good, None);
+    std::fs::write(d("not-parquet").join("changes.parquet"), b"x").ok();
+    std::fs::create_dir_all(d("not-parquet").join("changes")).unwrap();
+    std::fs::write(
+        d("not-parquet").join("changes/part-0.parquet"),
+        b"not parquet at all",
+    )
+    .unwrap();
+    rejects(&d("not-parquet"), &["changes/part-0.parquet"]);
+
+    let other = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, true),
+        Field::new("w", DataType::Int32, true),
+    ]));
+    let mismatched = StreamChunk::from_text(&other, "+ 4 7")
+        .unwrap()
+        .to_changelog(Some(1))
+        .unwrap();
+    dataset(&d("schema"), Some(MANIFEST), &good, Some(&mismatched));
+    rejects(&d("schema"), &["changes"]);
+
+    let no_epoch = StreamChunk::from_text(&schema(), "+ 4 d")
+        .unwrap()
+        .to_changelog(None)
+        .unwrap();
+    dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
+    rejects(&d("no-epoch"), &["_epoch"]);
+}
