@@ -17,6 +17,9 @@
 //! middle key and a third Completed: the prepared `UpstreamFilter` (`vectorized`: mask, Arrow
 //! filter, update-pair repair) against the reference's per-row filter (`reference`: rows to
 //! values, per-row vnode, per-row comparison).
+//!
+//! `snapshot_parts/1M`: where the merged backfill's time goes (the per-vnode scans alone, and
+//! the k-way merge over them, at 64-row and 1024-row reads), without the executor.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -31,9 +34,10 @@ use arrangement_backfill::backfill::reference::{
 };
 use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
 use arrangement_backfill::key::{KeyColumn, Position};
-use arrangement_backfill::store::{MemoryStore, StateStore, StateTable};
+use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
+use arrangement_backfill::store::{MemoryScan, MemoryStore, SnapshotScan, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
-use arrangement_backfill::vnode::{VnodeBitmap, VnodeCount};
+use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
@@ -271,5 +275,58 @@ fn filter(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, filter, backfill_snapshot);
+/// Where the merged backfill's time goes: the same 1M-row table, scanned per vnode at the
+/// executor's merged read size (1024 / 256 vnodes, clamped to 64 rows) and at 1024 rows, with
+/// and without the k-way merge on top. No executor, no progress.
+fn snapshot_parts(c: &mut Criterion) {
+    const ROWS: usize = 1_000_000;
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let batch = table_batch(ROWS, &mut rng);
+    let store = MemoryStore::new();
+    let desc = store
+        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+        .unwrap();
+    let owned = VnodeBitmap::full(desc.vnode_count());
+    let mut table = store.table("t", owned.clone()).unwrap();
+    table.write(&StreamChunk::inserts(batch)).unwrap();
+    table.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let scans = |read: usize| -> Vec<(VirtualNode, MemoryScan)> {
+        owned
+            .iter()
+            .map(|v| (v, table.scan(v, None, 1, read).unwrap()))
+            .collect()
+    };
+    let mut group = c.benchmark_group("snapshot_parts/1M");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    for read in [64, 1024] {
+        group.bench_function(format!("scan_only/read{read}"), |b| {
+            b.iter(|| {
+                let mut rows = 0;
+                for (_, mut scan) in scans(read) {
+                    while let Some(batch) = scan.next_batch().unwrap() {
+                        rows += black_box(batch).num_rows();
+                    }
+                }
+                assert_eq!(rows, ROWS);
+            })
+        });
+        group.bench_function(format!("kway/read{read}"), |b| {
+            b.iter(|| {
+                let mut merge = KWayMerge::new(desc.pk(), scans(read), BATCH).unwrap();
+                let mut rows = 0;
+                while let Some(out) = merge.next_output().unwrap() {
+                    rows += black_box(out).batch.num_rows();
+                }
+                assert_eq!(rows, ROWS);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, filter, backfill_snapshot, snapshot_parts);
 criterion_main!(benches);
