@@ -5,3 +5,4 @@ pub mod executor;
 pub mod filter;
 pub mod no_shuffle;
 pub mod progress;
+pub mod reference;

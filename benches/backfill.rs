@@ -1,0 +1,332 @@
+//! The whole snapshot side of a backfill, and the upstream filter, against the row-at-a-time
+//! reference (`backfill::reference`), measured in the same run.
+//!
+//! `backfill_snapshot/{1M,10M}`: a table `(k Int64 key, s Utf8, v Int64)` over 256 vnodes,
+//! keys spread over the whole `i64` range (fixed seed), loaded once into a `MemoryStore`
+//! (one write, seal, commit). Each iteration builds a new executor (a fresh progress table, so
+//! runs do not see each other's progress), sends it one barrier and an upstream that stays
+//! pending, and polls its output until every snapshot row came out, in batches of 1024:
+//! - `merged`: the arrangement backfill, k-way merged (global key order);
+//! - `unordered`: the arrangement backfill, whole per-vnode batches;
+//! - `no_shuffle`: the one-position baseline (always merged);
+//! - `reference`: the row-at-a-time reference reading the same snapshot to the end (loaded
+//!   once into its `BTreeMap`s; each iteration resets its progress).
+//!
+//! `filter/{int64,utf8+int64}/1M`: one 1M-row upstream chunk (10% of rows in update pairs)
+//! against a progress where a third of the 256 vnodes is NotStarted, a third InProgress at a
+//! middle key and a third Completed: the prepared `UpstreamFilter` (`vectorized`: mask, Arrow
+//! filter, update-pair repair) against the reference's per-row filter (`reference`: rows to
+//! values, per-row vnode, per-row comparison).
+//!
+//! `snapshot_parts/1M`: where the merged backfill's time goes (the per-vnode scans alone, and
+//! the k-way merge over them, at 64-row and 1024-row reads), without the executor.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use arrangement_backfill::backfill::filter::UpstreamFilter;
+use arrangement_backfill::backfill::progress::ProgressMap;
+use arrangement_backfill::backfill::reference::{
+    ReferenceBackfill, ReferenceProgress, rows_from_batch,
+};
+use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
+use arrangement_backfill::key::{KeyColumn, Position};
+use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
+use arrangement_backfill::store::{MemoryScan, MemoryStore, SnapshotScan, StateStore, StateTable};
+use arrangement_backfill::table::TableDesc;
+use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const SEED: u64 = 0xBAC4_F111_0000_0001;
+const BATCH: usize = 1024;
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+        Field::new("v", DataType::Int64, false),
+    ]))
+}
+
+/// `rows` rows with distinct keys spread over the `i64` range (an odd multiplier is a
+/// bijection modulo 2^64).
+fn table_batch(rows: usize, rng: &mut StdRng) -> RecordBatch {
+    let keys = (0..rows as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64);
+    let strings: Vec<String> = (0..rows)
+        .map(|_| format!("value-{:08x}", rng.random::<u32>()))
+        .collect();
+    let values: Vec<i64> = (0..rows).map(|_| rng.random()).collect();
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(keys)),
+            Arc::new(StringArray::from_iter_values(strings)),
+            Arc::new(Int64Array::from_iter_values(values)),
+        ],
+    )
+    .unwrap()
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Arrangement(SnapshotOrder),
+    NoShuffle,
+}
+
+/// Runs one backfill of the loaded table until `rows` snapshot rows came out.
+fn run_executor(
+    runtime: &tokio::runtime::Runtime,
+    store: &MemoryStore,
+    kind: Kind,
+    rows: usize,
+    run: usize,
+) -> usize {
+    let config = BackfillConfig {
+        batch_size: BATCH,
+        order: match kind {
+            Kind::Arrangement(order) => order,
+            Kind::NoShuffle => SnapshotOrder::Merged,
+        },
+        rate_limit: None,
+        progress_table: Some(format!("t.progress.{run}")),
+    };
+    let owned = VnodeBitmap::full(VnodeCount::DEFAULT);
+    let barrier = Barrier::new(EpochPair::new(2, 1), BarrierKind::Normal);
+    let upstream =
+        futures::stream::iter([Ok(Message::Barrier(barrier))]).chain(futures::stream::pending());
+    let out = match kind {
+        Kind::Arrangement(_) => BackfillExecutor::arrangement(store, "t", owned, config)
+            .unwrap()
+            .execute(upstream)
+            .boxed(),
+        Kind::NoShuffle => BackfillExecutor::no_shuffle(store, "t", owned, config)
+            .unwrap()
+            .execute(upstream)
+            .boxed(),
+    };
+    runtime.block_on(async move {
+        let mut out = out;
+        let mut seen = 0;
+        while seen < rows {
+            match out.next().await {
+                Some(Ok(Message::Chunk(chunk))) => seen += black_box(chunk).num_rows(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("backfill failed: {e}"),
+                None => panic!("backfill ended after {seen} of {rows} rows"),
+            }
+        }
+        seen
+    })
+}
+
+fn backfill_snapshot(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let runs = AtomicUsize::new(0);
+    for (label, rows) in [("1M", 1_000_000), ("10M", 10_000_000)] {
+        let mut rng = StdRng::seed_from_u64(SEED);
+        let batch = table_batch(rows, &mut rng);
+        let store = MemoryStore::new();
+        let desc = store
+            .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+            .unwrap();
+        let owned = VnodeBitmap::full(desc.vnode_count());
+        let mut table = store.table("t", owned.clone()).unwrap();
+        table.write(&StreamChunk::inserts(batch.clone())).unwrap();
+        table.seal(1).unwrap();
+        store.commit(1).unwrap();
+        let mut reference = ReferenceBackfill::new(desc.clone(), &owned, BATCH).unwrap();
+        reference.load(&batch).unwrap();
+        drop(batch);
+
+        let mut group = c.benchmark_group(format!("backfill_snapshot/{label}"));
+        group.throughput(Throughput::Elements(rows as u64));
+        group.sample_size(10);
+        group.sampling_mode(SamplingMode::Flat);
+        group.warm_up_time(Duration::from_secs(1));
+        group.measurement_time(Duration::from_secs(if rows > 1_000_000 { 20 } else { 5 }));
+        for (name, kind) in [
+            ("merged", Kind::Arrangement(SnapshotOrder::Merged)),
+            ("unordered", Kind::Arrangement(SnapshotOrder::Unordered)),
+            ("no_shuffle", Kind::NoShuffle),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let run = runs.fetch_add(1, Ordering::Relaxed);
+                    run_executor(&runtime, &store, kind, rows, run)
+                })
+            });
+        }
+        group.bench_function("reference", |b| {
+            b.iter(|| {
+                reference.reset();
+                let mut seen = 0;
+                while let Some(batch) = reference.read_snapshot().unwrap() {
+                    seen += black_box(batch).len();
+                }
+                assert_eq!(seen, rows);
+                seen
+            })
+        });
+        group.finish();
+    }
+}
+
+/// A 1M-row chunk of `schema` (10% of rows in update pairs) and a progress over 256 vnodes:
+/// NotStarted, InProgress at `middle`, Completed, by vnode modulo 3.
+fn filter_case(
+    desc: &Arc<TableDesc>,
+    batch: RecordBatch,
+    middle: &RecordBatch,
+) -> (StreamChunk, ProgressMap, ReferenceBackfill) {
+    let ops: Vec<Op> = (0..batch.num_rows())
+        .map(|i| match i % 10 {
+            8 => Op::UpdateDelete,
+            9 => Op::UpdateInsert,
+            _ => Op::Insert,
+        })
+        .collect();
+    let chunk = StreamChunk::new(batch, ops).unwrap();
+    let owned = VnodeBitmap::full(desc.vnode_count());
+    let pos = Position::from_batch(desc.pk(), middle, 0).unwrap();
+    let pos_values = rows_from_batch(middle).unwrap().remove(0);
+    let mut progress = ProgressMap::new(owned.clone());
+    let mut reference = ReferenceBackfill::new(desc.clone(), &owned, BATCH).unwrap();
+    for vnode in owned.iter() {
+        match vnode.get() % 3 {
+            0 => {}
+            1 => {
+                progress.advance(vnode, pos.clone(), 1).unwrap();
+                let state = ReferenceProgress::InProgress {
+                    pos: pos_values.clone(),
+                    rows: 1,
+                };
+                reference.set_progress(vnode, state).unwrap();
+            }
+            _ => {
+                progress.complete(vnode).unwrap();
+                let state = ReferenceProgress::Completed { rows: 0 };
+                reference.set_progress(vnode, state).unwrap();
+            }
+        }
+    }
+    (chunk, progress, reference)
+}
+
+fn filter(c: &mut Criterion) {
+    const ROWS: usize = 1_000_000;
+    let mut rng = StdRng::seed_from_u64(SEED ^ 0xF11);
+    let batch = table_batch(ROWS, &mut rng);
+    let int_desc = Arc::new(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap());
+    let comp_desc = Arc::new(
+        TableDesc::new(
+            "c",
+            schema(),
+            vec![KeyColumn::asc("s"), KeyColumn::asc("k")],
+        )
+        .unwrap(),
+    );
+    let middle = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(vec![0])),
+            Arc::new(StringArray::from(vec!["value-80000000"])),
+            Arc::new(Int64Array::from(vec![0])),
+        ],
+    )
+    .unwrap();
+    for (label, desc) in [("int64", int_desc), ("utf8+int64", comp_desc)] {
+        let key_middle = RecordBatch::try_new(
+            desc.pk().key_schema().clone(),
+            desc.pk().key_columns(&middle),
+        )
+        .unwrap();
+        let (chunk, progress, reference) = filter_case(&desc, batch.clone(), &key_middle);
+        let prepared = UpstreamFilter::for_progress(desc.clone(), &progress).unwrap();
+        // Both sides keep the same rows.
+        let kept = prepared.filter(&chunk).unwrap().num_rows();
+        assert_eq!(kept, reference.filter(&chunk).unwrap().len());
+
+        let mut group = c.benchmark_group(format!("filter/{label}/1M"));
+        group.throughput(Throughput::Elements(ROWS as u64));
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_secs(1));
+        group.measurement_time(Duration::from_secs(3));
+        group.bench_function("vectorized", |b| {
+            b.iter(|| prepared.filter(black_box(&chunk)).unwrap())
+        });
+        group.bench_function("vectorized_mask", |b| {
+            b.iter(|| prepared.mask(black_box(&chunk)).unwrap())
+        });
+        group.bench_function("reference", |b| {
+            b.iter(|| reference.filter(black_box(&chunk)).unwrap())
+        });
+        group.finish();
+    }
+}
+
+/// Where the merged backfill's time goes: the same 1M-row table, scanned per vnode at the
+/// executor's merged read size (1024 / 256 vnodes, clamped to 64 rows) and at 1024 rows, with
+/// and without the k-way merge on top. No executor, no progress.
+fn snapshot_parts(c: &mut Criterion) {
+    const ROWS: usize = 1_000_000;
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let batch = table_batch(ROWS, &mut rng);
+    let store = MemoryStore::new();
+    let desc = store
+        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+        .unwrap();
+    let owned = VnodeBitmap::full(desc.vnode_count());
+    let mut table = store.table("t", owned.clone()).unwrap();
+    table.write(&StreamChunk::inserts(batch)).unwrap();
+    table.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let scans = |read: usize| -> Vec<(VirtualNode, MemoryScan)> {
+        owned
+            .iter()
+            .map(|v| (v, table.scan(v, None, 1, read).unwrap()))
+            .collect()
+    };
+    let mut group = c.benchmark_group("snapshot_parts/1M");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    for read in [64, 1024] {
+        group.bench_function(format!("scan_only/read{read}"), |b| {
+            b.iter(|| {
+                let mut rows = 0;
+                for (_, mut scan) in scans(read) {
+                    while let Some(batch) = scan.next_batch().unwrap() {
+                        rows += black_box(batch).num_rows();
+                    }
+                }
+                assert_eq!(rows, ROWS);
+            })
+        });
+        group.bench_function(format!("kway/read{read}"), |b| {
+            b.iter(|| {
+                let mut merge = KWayMerge::new(desc.pk(), scans(read), BATCH).unwrap();
+                let mut rows = 0;
+                while let Some(out) = merge.next_output().unwrap() {
+                    rows += black_box(out).batch.num_rows();
+                }
+                assert_eq!(rows, ROWS);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, filter, backfill_snapshot, snapshot_parts);
+criterion_main!(benches);
