@@ -811,48 +811,22 @@ fn value_bytes(array: &dyn Array, row: usize) -> Option<Vec<u8>> {
         out.push(BYTES_TERMINATOR);
         out
     }
+    // A primitive value's little-endian bytes.
+    macro_rules! le {
+        ($t:ty) => {
+            array.as_primitive::<$t>().value(row).to_le_bytes().to_vec()
+        };
+    }
     let bytes = match data_type {
         Boolean => vec![u8::from(array.as_boolean().value(row))],
-        Int8 => array
-            .as_primitive::<Int8Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Int16 => array
-            .as_primitive::<Int16Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Int32 => array
-            .as_primitive::<Int32Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Int64 => array
-            .as_primitive::<Int64Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        UInt8 => array
-            .as_primitive::<UInt8Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        UInt16 => array
-            .as_primitive::<UInt16Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        UInt32 => array
-            .as_primitive::<UInt32Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        UInt64 => array
-            .as_primitive::<UInt64Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
+        Int8 => le!(Int8Type),
+        Int16 => le!(Int16Type),
+        Int32 => le!(Int32Type),
+        Int64 => le!(Int64Type),
+        UInt8 => le!(UInt8Type),
+        UInt16 => le!(UInt16Type),
+        UInt32 => le!(UInt32Type),
+        UInt64 => le!(UInt64Type),
         Float16 => {
             let v = array.as_primitive::<Float16Type>().value(row);
             let wide = v.to_f32();
@@ -887,81 +861,21 @@ fn value_bytes(array: &dyn Array, row: usize) -> Option<Vec<u8>> {
             };
             v.to_le_bytes().to_vec()
         }
-        Date32 => array
-            .as_primitive::<Date32Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Date64 => array
-            .as_primitive::<Date64Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Time32(TimeUnit::Second) => array
-            .as_primitive::<Time32SecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Time32(TimeUnit::Millisecond) => array
-            .as_primitive::<Time32MillisecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Time64(TimeUnit::Microsecond) => array
-            .as_primitive::<Time64MicrosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Time64(TimeUnit::Nanosecond) => array
-            .as_primitive::<Time64NanosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Timestamp(TimeUnit::Second, _) => array
-            .as_primitive::<TimestampSecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Timestamp(TimeUnit::Millisecond, _) => array
-            .as_primitive::<TimestampMillisecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Timestamp(TimeUnit::Microsecond, _) => array
-            .as_primitive::<TimestampMicrosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Timestamp(TimeUnit::Nanosecond, _) => array
-            .as_primitive::<TimestampNanosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Duration(TimeUnit::Second) => array
-            .as_primitive::<DurationSecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Duration(TimeUnit::Millisecond) => array
-            .as_primitive::<DurationMillisecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Duration(TimeUnit::Microsecond) => array
-            .as_primitive::<DurationMicrosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Duration(TimeUnit::Nanosecond) => array
-            .as_primitive::<DurationNanosecondType>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
-        Decimal128(_, _) => array
-            .as_primitive::<Decimal128Type>()
-            .value(row)
-            .to_le_bytes()
-            .to_vec(),
+        Date32 => le!(Date32Type),
+        Date64 => le!(Date64Type),
+        Time32(TimeUnit::Second) => le!(Time32SecondType),
+        Time32(TimeUnit::Millisecond) => le!(Time32MillisecondType),
+        Time64(TimeUnit::Microsecond) => le!(Time64MicrosecondType),
+        Time64(TimeUnit::Nanosecond) => le!(Time64NanosecondType),
+        Timestamp(TimeUnit::Second, _) => le!(TimestampSecondType),
+        Timestamp(TimeUnit::Millisecond, _) => le!(TimestampMillisecondType),
+        Timestamp(TimeUnit::Microsecond, _) => le!(TimestampMicrosecondType),
+        Timestamp(TimeUnit::Nanosecond, _) => le!(TimestampNanosecondType),
+        Duration(TimeUnit::Second) => le!(DurationSecondType),
+        Duration(TimeUnit::Millisecond) => le!(DurationMillisecondType),
+        Duration(TimeUnit::Microsecond) => le!(DurationMicrosecondType),
+        Duration(TimeUnit::Nanosecond) => le!(DurationNanosecondType),
+        Decimal128(_, _) => le!(Decimal128Type),
         Utf8 => terminated(array.as_string::<i32>().value(row).as_bytes()),
         LargeUtf8 => terminated(array.as_string::<i64>().value(row).as_bytes()),
         Utf8View => terminated(array.as_string_view().value(row).as_bytes()),

@@ -77,7 +77,7 @@ impl Default for BackfillConfig {
 }
 
 /// Restores a tracker from the progress table at an epoch.
-type Restore<S, T> =
+pub(crate) type Restore<S, T> =
     Box<dyn FnOnce(&<S as StateStore>::Table, VnodeBitmap, u64) -> Result<T> + Send>;
 
 /// A backfill of one upstream table over some of its vnodes.
@@ -91,34 +91,6 @@ pub struct BackfillExecutor<S: StateStore, T: Tracker> {
     stats_tx: watch::Sender<BackfillStats>,
 }
 
-/// Opens the replicated upstream handle and the progress table (created on first use).
-pub(crate) fn open_tables<S: StateStore>(
-    store: &S,
-    upstream: &str,
-    vnodes: &VnodeBitmap,
-    config: &BackfillConfig,
-) -> Result<(S::Table, S::Table, ProgressCodec)> {
-    if config.batch_size == 0 {
-        return Err(Error::InvalidConfig("batch size must be at least 1".into()));
-    }
-    let replicated = store.replicated_table(upstream, vnodes.clone())?;
-    let desc = replicated.desc().clone();
-    let name = config
-        .progress_table
-        .clone()
-        .unwrap_or_else(|| format!("{upstream}.backfill_progress"));
-    let codec = ProgressCodec::new(&name, desc.pk(), desc.vnode_count())?;
-    match store.create_table(codec.desc().as_ref().clone()) {
-        Ok(_) | Err(Error::TableExists(_)) => {}
-        Err(e) => return Err(e),
-    }
-    let progress_table = store.table(&name, vnodes.clone())?;
-    progress_table
-        .desc()
-        .check_schema(codec.desc().schema(), "the backfill progress")?;
-    Ok((replicated, progress_table, codec))
-}
-
 impl<S: StateStore> BackfillExecutor<S, ArrangementTracker> {
     /// The arrangement backfill of `upstream` (a table in `store`) over `vnodes`.
     pub fn arrangement(
@@ -127,43 +99,53 @@ impl<S: StateStore> BackfillExecutor<S, ArrangementTracker> {
         vnodes: VnodeBitmap,
         config: BackfillConfig,
     ) -> Result<Self> {
-        let (replicated, progress_table, codec) = open_tables(store, upstream, &vnodes, &config)?;
-        let desc = replicated.desc().clone();
-        let tracker_desc = desc.clone();
-        let restore: Restore<S, ArrangementTracker> = Box::new(move |table, owned, epoch| {
-            let progress = codec.restore(table, owned, epoch)?;
-            Ok(ArrangementTracker::new(tracker_desc, progress, codec))
-        });
-        Ok(Self::with_tracker(
-            desc,
-            vnodes,
-            config,
-            replicated,
-            progress_table,
-            restore,
-        ))
+        Self::open(store, upstream, vnodes, config, |desc, codec| {
+            Box::new(move |table, owned, epoch| {
+                let progress = codec.restore(table, owned, epoch)?;
+                Ok(ArrangementTracker::new(desc, progress, codec))
+            })
+        })
     }
 }
 
 impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
-    pub(crate) fn with_tracker(
-        desc: Arc<TableDesc>,
+    /// Opens the replicated upstream handle and the progress table (created on first use);
+    /// `restore` makes the function that restores the tracker at the first barrier.
+    pub(crate) fn open(
+        store: &S,
+        upstream: &str,
         vnodes: VnodeBitmap,
         config: BackfillConfig,
-        replicated: S::Table,
-        progress_table: S::Table,
-        restore: Restore<S, T>,
-    ) -> Self {
+        restore: impl FnOnce(Arc<TableDesc>, ProgressCodec) -> Restore<S, T>,
+    ) -> Result<Self> {
+        if config.batch_size == 0 {
+            return Err(Error::InvalidConfig("batch size must be at least 1".into()));
+        }
+        let replicated = store.replicated_table(upstream, vnodes.clone())?;
+        let desc = replicated.desc().clone();
+        let name = config
+            .progress_table
+            .clone()
+            .unwrap_or_else(|| format!("{upstream}.backfill_progress"));
+        let codec = ProgressCodec::new(&name, desc.pk(), desc.vnode_count())?;
+        match store.create_table(codec.desc().as_ref().clone()) {
+            Ok(_) | Err(Error::TableExists(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let progress_table = store.table(&name, vnodes.clone())?;
+        progress_table
+            .desc()
+            .check_schema(codec.desc().schema(), "the backfill progress")?;
         let (stats_tx, _) = watch::channel(BackfillStats::default());
-        Self {
+        Ok(Self {
+            restore: restore(desc.clone(), codec),
             desc,
             vnodes,
             config,
             replicated,
             progress_table,
-            restore,
             stats_tx,
-        }
+        })
     }
 
     /// A live view of the backfill's counters.

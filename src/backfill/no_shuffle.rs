@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::backfill::core::Tracker;
-use crate::backfill::executor::{BackfillConfig, BackfillExecutor, open_tables};
+use crate::backfill::executor::{BackfillConfig, BackfillExecutor};
 use crate::backfill::filter::UpstreamFilter;
 use crate::backfill::progress::{ProgressCodec, VnodeCounts, VnodeProgress};
 use crate::chunk::StreamChunk;
@@ -171,19 +171,10 @@ impl<S: StateStore> BackfillExecutor<S, NoShuffleTracker> {
         vnodes: VnodeBitmap,
         config: BackfillConfig,
     ) -> Result<Self> {
-        let (replicated, progress_table, codec) = open_tables(store, upstream, &vnodes, &config)?;
-        let desc = replicated.desc().clone();
-        let tracker_desc = desc.clone();
-        let restore = Box::new(move |table: &S::Table, owned: VnodeBitmap, epoch: u64| {
-            NoShuffleTracker::restore(tracker_desc, codec, table, owned, epoch)
-        });
-        Ok(Self::with_tracker(
-            desc,
-            vnodes,
-            config,
-            replicated,
-            progress_table,
-            restore,
-        ))
+        Self::open(store, upstream, vnodes, config, |desc, codec| {
+            Box::new(move |table: &S::Table, owned: VnodeBitmap, epoch: u64| {
+                NoShuffleTracker::restore(desc, codec, table, owned, epoch)
+            })
+        })
     }
 }

@@ -283,23 +283,8 @@ impl Harness {
 
     /// Sends a barrier (the upstream seals its epoch first) and waits for it at the output.
     pub fn send_barrier(&mut self, checkpoint: bool, mutation: Option<Mutation>) {
-        let first = self.barriers == 0;
-        let pair = self.next_epoch();
-        if !first {
-            self.upstream.seal(pair.prev).unwrap();
-        }
-        let kind = if checkpoint {
-            BarrierKind::Checkpoint
-        } else {
-            BarrierKind::Normal
-        };
-        let mut barrier = Barrier::new(pair, kind);
-        barrier.mutation = mutation;
-        self.barriers += 1;
-        self.in_flight.push((pair, checkpoint, self.u.clone()));
-        self.tx
-            .unbounded_send(Ok(Message::Barrier(barrier)))
-            .unwrap();
+        self.queue_barrier(checkpoint, mutation);
+        let pair = self.in_flight.last().map(|(pair, _, _)| *pair).unwrap();
         // Poll until the barrier comes out: the executor must never stall a barrier.
         let mut polls = 0;
         while !self.in_flight.is_empty() {
@@ -510,9 +495,13 @@ impl Harness {
     }
 
     /// Queues a barrier without waiting for it (the upstream stays ready).
+    /// The first barrier of an executor closes the committed epoch, which is sealed already.
     pub fn queue_barrier(&mut self, checkpoint: bool, mutation: Option<Mutation>) {
+        let first = self.barriers == 0;
         let pair = self.next_epoch();
-        self.upstream.seal(pair.prev).unwrap();
+        if !first {
+            self.upstream.seal(pair.prev).unwrap();
+        }
         let kind = if checkpoint {
             BarrierKind::Checkpoint
         } else {
