@@ -287,15 +287,41 @@ impl Source {
             self.barrier(None).await?;
         }
         // The changelog is exhausted: keep the epochs turning until the backfill finishes.
+        // A barrier goes out at the interval, or as soon as every vnode is read to the end
+        // (finishing is reported at the next barrier).
         let idle = self
             .barrier_interval
             .unwrap_or(DEFAULT_IDLE_BARRIER_INTERVAL);
+        let all_read = |s: &BackfillStats| s.vnodes.not_started == 0 && s.vnodes.in_progress == 0;
         while !self.stats.borrow().finished {
-            tokio::time::sleep(idle).await;
+            let read = self.wait_for(idle, |s| s.finished || all_read(s)).await;
+            if self.stats.borrow().finished {
+                break;
+            }
             self.barrier(None).await?;
+            if read {
+                // Give that barrier the time to pass before sending another.
+                self.wait_for(idle, |s| s.finished).await;
+            }
         }
         self.barrier(Some(Mutation::Stop)).await?;
         Ok(rows)
+    }
+
+    /// Waits up to `timeout` for the backfill's counters to satisfy `done`; returns whether
+    /// they do.
+    async fn wait_for(&mut self, timeout: Duration, done: impl Fn(&BackfillStats) -> bool) -> bool {
+        let stats = &mut self.stats;
+        tokio::time::timeout(timeout, async {
+            while !done(&stats.borrow_and_update()) {
+                if stats.changed().await.is_err() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// Seals the open epoch upstream and sends its closing barrier.
