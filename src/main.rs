@@ -52,7 +52,7 @@ enum Command {
 struct ReplayArgs {
     /// The dataset directory.
     dataset: PathBuf,
-    /// Output directory [default: out/<dataset name>].
+    /// Output directory [default: out/DATASET-NAME].
     #[arg(long)]
     out: Option<PathBuf>,
     /// Vnodes of the upstream table (1 to 32768).
