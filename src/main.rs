@@ -278,9 +278,17 @@ impl ProgressDisplay {
                 let bar = ProgressBar::new(0);
                 bar.set_style(
                     ProgressStyle::with_template(
-                        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} snapshot rows \
-                         ({per_sec}, ETA {eta}) {msg}",
+                        "{spinner} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} snapshot \
+                         rows ({rate}, ETA {eta}) {msg}",
                     )
+                    .map(|style| {
+                        style.with_key(
+                            "rate",
+                            |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                                let _ = write!(w, "{:.0} rows/s", state.per_sec());
+                            },
+                        )
+                    })
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
                 );
                 ProgressDisplay::Bar(bar, vnodes)
