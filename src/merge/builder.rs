@@ -1,9 +1,11 @@
 //! How merged rows are materialized: indices first, one `interleave` per column at the end.
 //!
 //! The merge loop does not copy rows. Each input batch it receives goes into a *slot*; each
-//! winning row is recorded as `(slot, row)`. [`OutputBuilder::build`] turns the recorded
-//! indices into one batch with `interleave` (per column, and once more for the encoded keys),
-//! then releases every slot that no cursor points into any more.
+//! winning row (or run of rows) is recorded as `(slot, row)` indices. [`OutputBuilder::build`]
+//! turns the recorded indices into one batch with `interleave` (per column, and once more for
+//! the encoded keys), then releases every slot that no cursor points into any more. When the
+//! whole output is one stretch of one batch (clustered keys), it is a zero-copy slice
+//! instead.
 //!
 //! ```text
 //!   slots                        indices                       output
@@ -95,9 +97,9 @@ impl OutputBuilder {
         self.current[input] = None;
     }
 
-    /// Appends row `row` of `input`'s current batch to the output.
+    /// Appends rows `start..start + n` (`n > 0`) of `input`'s current batch to the output.
     #[inline]
-    pub fn push_row(&mut self, input: usize, row: usize) -> Result<()> {
+    pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
         let slot = self.current[input].ok_or_else(|| {
             Error::Internal(format!("merge input {input} emitted a row with no batch"))
         })?;
@@ -105,10 +107,23 @@ impl OutputBuilder {
         if tally.rows == 0 {
             self.touched.push(input);
         }
-        tally.rows += 1;
-        tally.last_out_row = self.indices.len();
-        self.indices.push((slot, row));
+        tally.rows += n;
+        if n == 1 {
+            self.indices.push((slot, start));
+        } else {
+            self.indices
+                .extend((start..start + n).map(|row| (slot, row)));
+        }
+        tally.last_out_row = self.indices.len() - 1;
         Ok(())
+    }
+
+    /// When every recorded row is one contiguous stretch of one batch: its slot and first row.
+    fn single_range(&self) -> Option<(usize, usize)> {
+        let (&(slot, start), &(last_slot, _)) = (self.indices.first()?, self.indices.last()?);
+        // One input, and its first and last rows in the same batch: an input's rows come in
+        // order and none is skipped, so every row in between is there too.
+        (self.touched.len() == 1 && slot == last_slot).then_some((slot, start))
     }
 
     /// Rows recorded for the output being built.
@@ -128,14 +143,10 @@ impl OutputBuilder {
             self.release();
             return Ok((empty_batch(fallback), Vec::new()));
         }
-        let batches: Vec<&RecordBatch> = self.slots.iter().map(|s| &s.batch.batch).collect();
-        let batch = interleave_record_batch(&batches, &self.indices)?;
-        let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
-        let keys = interleave(&keys, &self.indices)?;
-        let keys = keys
-            .as_binary_opt::<i32>()
-            .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
-            .clone();
+        let KeyedBatch { batch, keys } = match self.single_range() {
+            Some((slot, start)) => self.slots[slot].batch.slice(start, self.indices.len()),
+            None => self.interleave()?,
+        };
         let progress = self
             .touched
             .iter()
@@ -152,6 +163,19 @@ impl OutputBuilder {
         self.indices.clear();
         self.release();
         Ok((KeyedBatch { batch, keys }, progress))
+    }
+
+    /// Gathers the recorded rows from the slots, column by column.
+    fn interleave(&self) -> Result<KeyedBatch> {
+        let batches: Vec<&RecordBatch> = self.slots.iter().map(|s| &s.batch.batch).collect();
+        let batch = interleave_record_batch(&batches, &self.indices)?;
+        let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
+        let keys = interleave(&keys, &self.indices)?;
+        let keys = keys
+            .as_binary_opt::<i32>()
+            .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
+            .clone();
+        Ok(KeyedBatch { batch, keys })
     }
 
     /// Drops every slot that is not an input's current batch and renumbers the rest.
@@ -178,6 +202,8 @@ impl OutputBuilder {
 
 #[cfg(test)]
 mod tests {
+    use arrow_array::types::UInt64Type;
+
     use super::*;
     use crate::merge::testing::{ids, int_key, int_rows_with_ids};
 
@@ -189,12 +215,12 @@ mod tests {
         builder.push_batch(0, int_rows_with_ids(&pk, &[1, 3, 5], 100));
         builder.push_batch(1, int_rows_with_ids(&pk, &[2, 4], 200));
         for (input, row) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)] {
-            builder.push_row(input, row).unwrap();
+            builder.push_rows(input, row, 1).unwrap();
         }
         // Input 0 moves on; input 1 is exhausted.
         builder.push_batch(0, int_rows_with_ids(&pk, &[7, 8], 300));
         builder.finish_input(1);
-        builder.push_row(0, 0).unwrap();
+        builder.push_rows(0, 0, 1).unwrap();
         assert_eq!(builder.held(), 3);
         let (out, progress) = builder.build(None).unwrap();
         assert_eq!(ids(&out.batch), vec![100, 200, 101, 201, 102, 300]);
@@ -216,11 +242,48 @@ mod tests {
             ]
         );
         // The kept batch is still addressable after renumbering.
-        builder.push_row(0, 1).unwrap();
+        builder.push_rows(0, 1, 1).unwrap();
         let (out, progress) = builder.build(None).unwrap();
         assert_eq!(ids(&out.batch), vec![301]);
         assert_eq!(progress.len(), 1);
         assert_eq!(progress[0].rows, 1);
+    }
+
+    #[test]
+    fn runs_are_recorded_at_once_and_one_stretch_of_one_batch_is_sliced() {
+        let pk = int_key(false);
+        let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
+        let mut builder = OutputBuilder::new(vnodes, 8);
+        builder.push_batch(0, int_rows_with_ids(&pk, &[1, 2, 3, 4, 5, 6], 100));
+        builder.push_batch(1, int_rows_with_ids(&pk, &[7, 8], 200));
+        // Interleaved runs: gathered.
+        builder.push_rows(0, 0, 2).unwrap();
+        builder.push_rows(1, 0, 1).unwrap();
+        builder.push_rows(0, 2, 1).unwrap();
+        let (out, progress) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![100, 101, 200, 102]);
+        assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
+        let rows: Vec<(u16, usize)> = progress.iter().map(|a| (a.vnode.get(), a.rows)).collect();
+        assert_eq!(rows, vec![(10, 3), (20, 1)]);
+        assert_eq!(progress[0].last, Position::from_keys(&out.keys, 3));
+        // One input, one batch, in two pushes: a slice of that batch.
+        builder.push_rows(0, 3, 1).unwrap();
+        builder.push_rows(0, 4, 2).unwrap();
+        let (out, progress) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![103, 104, 105]);
+        assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
+        let ids_of = |b: &RecordBatch| b.column(1).as_primitive::<UInt64Type>().values().clone();
+        let source = &builder.slots[builder.current[0].unwrap()].batch.batch;
+        assert_eq!(
+            ids_of(&out.batch).as_ptr(),
+            ids_of(source)[3..].as_ptr(),
+            "not copied"
+        );
+        assert_eq!(progress.len(), 1);
+        assert_eq!(
+            (progress[0].rows, &progress[0].last),
+            (3, &Position::from_keys(&out.keys, 2))
+        );
     }
 
     #[test]
@@ -232,6 +295,9 @@ mod tests {
         assert!(out.is_empty() && progress.is_empty());
         assert_eq!(out.batch.schema(), schema);
         assert_eq!(out.keys.len(), 0);
-        assert!(matches!(builder.push_row(0, 0), Err(Error::Internal(_))));
+        assert!(matches!(
+            builder.push_rows(0, 0, 1),
+            Err(Error::Internal(_))
+        ));
     }
 }

@@ -22,8 +22,6 @@
 //! `match` on two cursors' kinds. The merge picks the monomorphized instance once, at
 //! construction.
 
-use std::cmp::Ordering;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
@@ -86,10 +84,18 @@ impl CursorKind {
     }
 }
 
-/// A position in one input's current batch, comparable with the other inputs' cursors.
+/// A position in one input's current batch, and how the loser tree ranks inputs.
+///
+/// The tree stores one [`Cursor::Entry`] per input and orders them with [`Cursor::beats`]
+/// (the order of `loser_tree.rs`: by head key, ties and exhausted inputs by input index).
+/// The associated functions take every input's cursor (`None`: exhausted) for entries that
+/// only name an input and must look its head up.
 pub(crate) trait Cursor: Sized + Send + 'static {
     /// What is needed to open a cursor on a batch.
     type Config: Clone + Send + 'static;
+
+    /// What the loser tree holds for one input.
+    type Entry: Copy + Send + 'static;
 
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
@@ -97,25 +103,56 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     /// The head row.
     fn row(&self) -> usize;
 
-    /// True when every row was passed.
-    fn is_finished(&self) -> bool;
+    /// Rows from the head to the end of the batch; 0 when every row was passed.
+    fn remaining(&self) -> usize;
 
-    /// Moves past the head row.
-    fn advance(&mut self);
+    /// Moves past `n` rows (at most [`Cursor::remaining`]).
+    fn advance(&mut self, n: usize);
 
-    /// Compares the heads of two unfinished cursors.
-    fn cmp_heads(&self, other: &Self) -> Ordering;
+    /// The entry of `input`, whose cursor this is, for its head (not finished).
+    fn entry(&self, input: usize) -> Self::Entry;
+
+    /// The entry of `input` once it is exhausted.
+    fn exhausted(input: usize) -> Self::Entry;
+
+    /// The input an entry belongs to.
+    fn input(entry: Self::Entry) -> usize;
+
+    /// True when `entry` is an exhausted input's.
+    fn is_exhausted(entry: Self::Entry, cursors: &[Option<Self>]) -> bool;
+
+    /// True when entry `a` comes strictly before entry `b`.
+    fn beats(a: Self::Entry, b: Self::Entry, cursors: &[Option<Self>]) -> bool;
+
+    /// How many rows from the head on (at most `max`, at most [`Cursor::remaining`]) come
+    /// before `bound`, the entry of another input. The keys strictly increase, so this is a
+    /// binary search.
+    fn rows_before(
+        &self,
+        input: usize,
+        bound: Self::Entry,
+        max: usize,
+        cursors: &[Option<Self>],
+    ) -> usize;
 }
 
-/// A cursor over encoded keys.
+/// A cursor over encoded keys. Its tree entry is the bare input index: a head is compared
+/// by looking up both cursors' key bytes (`memcmp`).
 #[derive(Debug)]
 pub(crate) struct RowCursor {
     keys: BinaryArray,
     row: usize,
 }
 
+impl RowCursor {
+    fn head(&self) -> &[u8] {
+        self.keys.value(self.row)
+    }
+}
+
 impl Cursor for RowCursor {
     type Config = ();
+    type Entry = usize;
 
     fn open(_: &(), batch: &KeyedBatch) -> Result<Self> {
         Ok(Self {
@@ -128,18 +165,68 @@ impl Cursor for RowCursor {
         self.row
     }
 
-    fn is_finished(&self) -> bool {
-        self.row >= self.keys.len()
+    fn remaining(&self) -> usize {
+        self.keys.len().saturating_sub(self.row)
     }
 
-    fn advance(&mut self) {
-        self.row += 1;
+    fn advance(&mut self, n: usize) {
+        self.row += n;
+    }
+
+    fn entry(&self, input: usize) -> usize {
+        input
+    }
+
+    fn exhausted(input: usize) -> usize {
+        input
+    }
+
+    fn input(entry: usize) -> usize {
+        entry
+    }
+
+    fn is_exhausted(entry: usize, cursors: &[Option<Self>]) -> bool {
+        cursors[entry].is_none()
     }
 
     #[inline]
-    fn cmp_heads(&self, other: &Self) -> Ordering {
-        self.keys.value(self.row).cmp(other.keys.value(other.row))
+    fn beats(a: usize, b: usize, cursors: &[Option<Self>]) -> bool {
+        match (&cursors[a], &cursors[b]) {
+            (Some(ca), Some(cb)) => (ca.head(), a) < (cb.head(), b),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => a < b,
+        }
     }
+
+    fn rows_before(
+        &self,
+        input: usize,
+        bound: usize,
+        max: usize,
+        cursors: &[Option<Self>],
+    ) -> usize {
+        let max = max.min(self.remaining());
+        let Some(other) = &cursors[bound] else {
+            return max;
+        };
+        let bound = (other.head(), bound);
+        partition_point(max, |i| (self.keys.value(self.row + i), input) < bound)
+    }
+}
+
+/// The first `i` in `0..n` for which `before(i)` is false, `before` being true on a prefix.
+fn partition_point(n: usize, before: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if before(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// Where a [`PrimitiveCursor`] finds its values.
@@ -149,20 +236,80 @@ pub(crate) struct PrimitiveConfig {
     pub descending: bool,
 }
 
+/// An integer key mapped to a `u64` with the same order: the sign bit flipped for signed
+/// types (`i64::MIN` -> 0, `-1` -> `2^63 - 1`, `0` -> `2^63`), widened for unsigned ones.
+pub(crate) trait OrderBits: Copy {
+    /// The order-preserving image of `self`.
+    fn order_bits(self) -> u64;
+}
+
+macro_rules! order_bits {
+    (signed: $($s:ty),*; unsigned: $($u:ty),*) => {
+        $(impl OrderBits for $s {
+            #[inline]
+            fn order_bits(self) -> u64 {
+                (i64::from(self) as u64) ^ (1 << 63)
+            }
+        })*
+        $(impl OrderBits for $u {
+            #[inline]
+            fn order_bits(self) -> u64 {
+                u64::from(self)
+            }
+        })*
+    };
+}
+
+order_bits!(signed: i8, i16, i32, i64; unsigned: u8, u16, u32, u64);
+
+/// The bit of a [`PrimitiveCursor`] entry that marks an exhausted input.
+const EXHAUSTED: u128 = 1 << 127;
+/// Where a [`PrimitiveCursor`] entry keeps the key; the input index is below it.
+const KEY_SHIFT: u32 = 63;
+/// The input index bits of a [`PrimitiveCursor`] entry.
+const INPUT_MASK: u128 = (1 << KEY_SHIFT) - 1;
+
 /// A cursor over the native values of a non-nullable integer key column.
+///
+/// Its tree entry is the whole ranking in one `u128`, compared with a plain `<`:
+///
+/// ```text
+///   bit 127      126 ..= 63                      62 ..= 0
+///   exhausted    key: OrderBits, inverted       input index
+///                when descending (0 if exhausted)
+/// ```
+///
+/// Live entries order by key, then input index (the tie rule); every exhausted entry comes
+/// after every live one, exhausted ones by input index. The input index fits in 63 bits
+/// because a `Vec` holds at most `isize::MAX` elements.
 #[derive(Debug)]
 pub(crate) struct PrimitiveCursor<P: ArrowPrimitiveType> {
     values: ScalarBuffer<P::Native>,
-    descending: bool,
+    /// XORed into the key bits: all ones when descending, so the order is reversed.
+    flip: u64,
     row: usize,
+}
+
+impl<P> PrimitiveCursor<P>
+where
+    P: ArrowPrimitiveType,
+    P::Native: OrderBits,
+{
+    /// The entry of `input` with head `value`.
+    #[inline]
+    fn pack(&self, value: P::Native, input: usize) -> u128 {
+        debug_assert!(input as u128 <= INPUT_MASK);
+        (u128::from(value.order_bits() ^ self.flip) << KEY_SHIFT) | input as u128
+    }
 }
 
 impl<P> Cursor for PrimitiveCursor<P>
 where
     P: ArrowPrimitiveType,
-    P::Native: Ord,
+    P::Native: OrderBits,
 {
     type Config = PrimitiveConfig;
+    type Entry = u128;
 
     fn open(config: &PrimitiveConfig, batch: &KeyedBatch) -> Result<Self> {
         let column =
@@ -193,7 +340,7 @@ where
         }
         Ok(Self {
             values: array.values().clone(),
-            descending: config.descending,
+            flip: if config.descending { u64::MAX } else { 0 },
             row: 0,
         })
     }
@@ -202,18 +349,41 @@ where
         self.row
     }
 
-    fn is_finished(&self) -> bool {
-        self.row >= self.values.len()
+    fn remaining(&self) -> usize {
+        self.values.len().saturating_sub(self.row)
     }
 
-    fn advance(&mut self) {
-        self.row += 1;
+    fn advance(&mut self, n: usize) {
+        self.row += n;
     }
 
     #[inline]
-    fn cmp_heads(&self, other: &Self) -> Ordering {
-        let ord = self.values[self.row].cmp(&other.values[other.row]);
-        if self.descending { ord.reverse() } else { ord }
+    fn entry(&self, input: usize) -> u128 {
+        self.pack(self.values[self.row], input)
+    }
+
+    fn exhausted(input: usize) -> u128 {
+        EXHAUSTED | input as u128
+    }
+
+    #[inline]
+    fn input(entry: u128) -> usize {
+        (entry & INPUT_MASK) as usize
+    }
+
+    #[inline]
+    fn is_exhausted(entry: u128, _: &[Option<Self>]) -> bool {
+        entry & EXHAUSTED != 0
+    }
+
+    #[inline]
+    fn beats(a: u128, b: u128, _: &[Option<Self>]) -> bool {
+        a < b
+    }
+
+    fn rows_before(&self, input: usize, bound: u128, max: usize, _: &[Option<Self>]) -> usize {
+        let end = self.row + max.min(self.remaining());
+        self.values[self.row..end].partition_point(|&v| self.pack(v, input) < bound)
     }
 }
 
@@ -245,23 +415,95 @@ mod tests {
     use crate::key::KeyColumn;
     use crate::merge::testing::{int_key, int_rows, keyed};
 
-    /// Every pair of heads of `a` and `b`, compared by `C`, agrees with `memcmp` of the keys.
+    /// A cursor of type `C` on `batch`, moved to `row`.
+    fn at<C: Cursor>(config: &C::Config, batch: &KeyedBatch, row: usize) -> C {
+        let mut cursor = C::open(config, batch).unwrap();
+        cursor.advance(row);
+        cursor
+    }
+
+    /// With `a` as input 0 and `b` as input 1, for every pair of heads: `C` ranks them like
+    /// `(encoded key, input)`, and counts the rows of `a` before `b`'s head likewise; an
+    /// exhausted input loses to a live one.
     fn agrees_with_keys<C: Cursor>(config: &C::Config, a: &KeyedBatch, b: &KeyedBatch) {
-        let mut ca = C::open(config, a).unwrap();
-        while !ca.is_finished() {
-            let mut cb = C::open(config, b).unwrap();
-            while !cb.is_finished() {
-                let expected = a.keys.value(ca.row()).cmp(b.keys.value(cb.row()));
-                assert_eq!(
-                    ca.cmp_heads(&cb),
-                    expected,
-                    "rows {} {}",
-                    ca.row(),
-                    cb.row()
-                );
-                cb.advance();
+        for ra in 0..a.num_rows() {
+            for rb in 0..b.num_rows() {
+                let cursors = [Some(at::<C>(config, a, ra)), Some(at::<C>(config, b, rb))];
+                let [Some(ca), Some(cb)] = &cursors else {
+                    unreachable!()
+                };
+                let (ea, eb) = (ca.entry(0), cb.entry(1));
+                let bound = (b.keys.value(rb), 1);
+                let expected = (a.keys.value(ra), 0) < bound;
+                assert_eq!(C::beats(ea, eb, &cursors), expected, "rows {ra} {rb}");
+                assert_eq!(C::beats(eb, ea, &cursors), !expected, "rows {ra} {rb}");
+                assert_eq!((C::input(ea), C::input(eb)), (0, 1));
+                assert!(!C::is_exhausted(ea, &cursors));
+                for max in [1, 2, 100] {
+                    let before = (ra..a.num_rows())
+                        .take(max)
+                        .take_while(|&r| (a.keys.value(r), 0) < bound)
+                        .count();
+                    assert_eq!(ca.rows_before(0, eb, max, &cursors), before);
+                }
             }
-            ca.advance();
+        }
+        let cursors = [Some(C::open(config, a).unwrap()), None];
+        let (live, done) = (cursors[0].as_ref().unwrap().entry(0), C::exhausted(1));
+        assert!(C::beats(live, done, &cursors) && !C::beats(done, live, &cursors));
+        assert!(C::is_exhausted(done, &cursors) && C::input(done) == 1);
+        let rows = a.num_rows();
+        assert_eq!(
+            cursors[0]
+                .as_ref()
+                .unwrap()
+                .rows_before(0, done, 100, &cursors),
+            rows
+        );
+    }
+
+    #[test]
+    fn primitive_entries_pack_exhaustion_key_and_input_in_that_order() {
+        let config = |descending| PrimitiveConfig {
+            column: 0,
+            descending,
+        };
+        let pk = int_key(false);
+        let keys = [i64::MIN, -1, 0, 1, i64::MAX];
+        let batch = int_rows(&pk, &keys);
+        let last = (1 << 63) - 1;
+        for descending in [false, true] {
+            let mut entries = Vec::new();
+            for input in [0, 1, last] {
+                for (row, &key) in keys.iter().enumerate() {
+                    let cursor = at::<I64Cursor>(&config(descending), &batch, row);
+                    entries.push((cursor.entry(input), (false, key, input)));
+                }
+                entries.push((I64Cursor::exhausted(input), (true, 0, input)));
+            }
+            // Sorting the entries sorts by (exhausted, key in key order, input).
+            entries.sort_by_key(|&(entry, _)| entry);
+            let got: Vec<_> = entries.iter().map(|&(_, unpacked)| unpacked).collect();
+            let mut expected = got.clone();
+            expected.sort_by(|a, b| {
+                let key = if descending {
+                    b.1.cmp(&a.1)
+                } else {
+                    a.1.cmp(&b.1)
+                };
+                a.0.cmp(&b.0).then(key).then(a.2.cmp(&b.2))
+            });
+            assert_eq!(got, expected, "descending {descending}");
+            for (entry, (exhausted, _, input)) in entries {
+                assert_eq!(I64Cursor::input(entry), input);
+                assert_eq!(I64Cursor::is_exhausted(entry, &[]), exhausted);
+            }
+        }
+        // Narrow types map through the same bits: the order of every i8 and u8.
+        let i8s: Vec<u64> = (i8::MIN..=i8::MAX).map(OrderBits::order_bits).collect();
+        let u8s: Vec<u64> = (u8::MIN..=u8::MAX).map(OrderBits::order_bits).collect();
+        for bits in [i8s, u8s] {
+            assert!(bits.windows(2).all(|w| w[0] < w[1]));
         }
     }
 
@@ -301,7 +543,11 @@ mod tests {
             Field::new("s", DataType::Utf8, false),
             Field::new("i", DataType::Int32, false),
         ]));
-        let batch = |i: Vec<i32>| {
+        // Each batch in key order, as inputs are: the values reversed when descending.
+        let batch = |mut i: Vec<i32>, descending: bool| {
+            if descending {
+                i.reverse();
+            }
             let s = StringArray::from(vec!["x"; i.len()]);
             RecordBatch::try_new(
                 schema.clone(),
@@ -309,19 +555,15 @@ mod tests {
             )
             .unwrap()
         };
-        let (a, b) = (
-            batch(vec![i32::MIN, -3, 0, 7]),
-            batch(vec![-3, 1, 7, i32::MAX]),
-        );
         for descending in [false, true] {
-            let column = KeyColumn::asc("i");
             let column = if descending {
                 KeyColumn::desc("i")
             } else {
-                column
+                KeyColumn::asc("i")
             };
             let pk = PrimaryKey::new(&schema, vec![column]).unwrap();
-            let (a, b) = (keyed(&pk, a.clone()), keyed(&pk, b.clone()));
+            let a = keyed(&pk, batch(vec![i32::MIN, -3, 0, 7], descending));
+            let b = keyed(&pk, batch(vec![-3, 1, 7, i32::MAX], descending));
             let config = PrimitiveConfig {
                 column: 1,
                 descending,

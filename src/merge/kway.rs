@@ -7,11 +7,19 @@
 //!
 //!   Merging, until the output holds batch_size rows or every input is exhausted:
 //!     w = tree winner            (smallest head; ties -> lowest input)
-//!     record (w's slot, w's row) in the builder; advance w's cursor
+//!     n = 1, or if w also won the previous round, every row of w before the runner-up
+//!     record (w's slot, w's rows) in the builder; advance w's cursor by n
 //!     w's batch used up?  -> fetch w's next batch     (None: w is exhausted; report its vnode)
-//!     replay w's path in the tree
+//!     replay w's path in the tree with w's new entry
 //!   then interleave the recorded rows into one batch, with progress and exhaustion news.
 //! ```
+//!
+//! **Runs.** When keys are clustered (an input holds a stretch of consecutive keys), the
+//! same input wins many rounds in a row. Replaying the tree for each of those rows is wasted
+//! work: once an input wins twice in a row, the merge asks the tree for the runner-up (the
+//! best loser on the winner's path) and binary-searches the winner's batch for the rows
+//! before it, recording them as one range. With spread keys a second win in a row is rare
+//! (1 in `k`), so the check costs one comparison per row.
 //!
 //! An input's next batch is fetched the moment its cursor passes its last row, so an
 //! exhausted vnode is reported in the same output as its last row; a vnode with no rows at
@@ -31,7 +39,7 @@ use crate::merge::cursor::{
     U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
-use crate::merge::loser_tree::{Contest, LoserTree};
+use crate::merge::loser_tree::LoserTree;
 use crate::merge::{MergeOutput, SnapshotMerger};
 use crate::store::SnapshotScan;
 use crate::vnode::VirtualNode;
@@ -162,7 +170,8 @@ struct Merge<S, C: Cursor> {
     inputs: Vec<MergeInput<S>>,
     /// Per input: its cursor, `None` once exhausted.
     cursors: Vec<Option<C>>,
-    tree: LoserTree,
+    /// Empty until the merge starts.
+    tree: LoserTree<C::Entry>,
     builder: OutputBuilder,
     batch_size: usize,
     /// The schema of the first batch seen, for empty outputs.
@@ -184,7 +193,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                 .map(|(v, s)| MergeInput::new(v, s))
                 .collect(),
             cursors: (0..k).map(|_| None).collect(),
-            tree: LoserTree::new(k),
+            tree: LoserTree::new(&[], |_, _| false),
             builder: OutputBuilder::new(vnodes, batch_size),
             batch_size,
             schema: None,
@@ -214,27 +223,61 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         for input in 0..self.inputs.len() {
             self.fetch(input)?;
         }
-        self.tree.init(&Heads(&self.cursors));
+        let entries: Vec<C::Entry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
+        let cursors = &self.cursors;
+        self.tree = LoserTree::new(&entries, |a, b| C::beats(a, b, cursors));
         self.phase = Phase::Merging;
         Ok(())
     }
 
+    /// The tree entry of `input`: its head, or its exhaustion.
+    fn entry(&self, input: usize) -> C::Entry {
+        match &self.cursors[input] {
+            Some(cursor) => cursor.entry(input),
+            None => C::exhausted(input),
+        }
+    }
+
     /// Records winners until the output is full or every input is exhausted.
     fn fill(&mut self) -> Result<()> {
+        let mut previous = None;
         while self.builder.len() < self.batch_size {
             let Some(winner) = self.tree.winner() else {
                 return Ok(());
             };
             // The winner is exhausted only when every input is.
-            let Some(cursor) = self.cursors[winner].as_mut() else {
+            if C::is_exhausted(winner, &self.cursors) {
                 return Ok(());
-            };
-            self.builder.push_row(winner, cursor.row())?;
-            cursor.advance();
-            if cursor.is_finished() {
-                self.fetch(winner)?;
             }
-            self.tree.replay(&Heads(&self.cursors));
+            let input = C::input(winner);
+            let cursors = &self.cursors;
+            let cursor = cursors[input].as_ref().ok_or_else(|| {
+                Error::Internal(format!("merge input {input} won with no cursor"))
+            })?;
+            let room = self.batch_size - self.builder.len();
+            let rows = if previous == Some(input) {
+                // A second win in a row: take every row before the runner-up at once.
+                let runner_up = self.tree.runner_up(input, |a, b| C::beats(a, b, cursors));
+                match runner_up {
+                    Some(bound) => cursor.rows_before(input, bound, room, cursors),
+                    None => room.min(cursor.remaining()),
+                }
+            } else {
+                1
+            };
+            debug_assert!(rows >= 1, "the winner's head comes before the runner-up");
+            self.builder.push_rows(input, cursor.row(), rows)?;
+            if let Some(cursor) = self.cursors[input].as_mut() {
+                cursor.advance(rows);
+                if cursor.remaining() == 0 {
+                    self.fetch(input)?;
+                }
+            }
+            let entry = self.entry(input);
+            let cursors = &self.cursors;
+            self.tree
+                .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            previous = Some(input);
         }
         Ok(())
     }
@@ -256,25 +299,6 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     }
 }
 
-/// The inputs' cursors, as the loser tree sees them.
-struct Heads<'a, C>(&'a [Option<C>]);
-
-impl<C: Cursor> Contest for Heads<'_, C> {
-    #[inline]
-    fn is_exhausted(&self, i: usize) -> bool {
-        self.0[i].is_none()
-    }
-
-    #[inline]
-    fn cmp_heads(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        match (&self.0[a], &self.0[b]) {
-            (Some(a), Some(b)) => a.cmp_heads(b),
-            // Not reached: the tree compares heads of live inputs only.
-            _ => std::cmp::Ordering::Equal,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -282,8 +306,8 @@ mod tests {
 
     use super::*;
     use crate::merge::testing::{
-        Case, KeyShape, VecScan, check_outputs, drain, ids, int_key, int_rows, int_rows_with_ids,
-        random_case,
+        Case, KeyShape, VecScan, check_outputs, clustered_case, drain, ids, int_key, int_rows,
+        int_rows_with_ids, random_case,
     };
 
     fn kway(case: &Case, batch_size: usize) -> KWayMerge<VecScan> {
@@ -349,18 +373,38 @@ mod tests {
     }
 
     #[test]
+    fn clustered_keys_merge_in_runs_like_a_sort() {
+        let mut seed = 1000;
+        for shape in [KeyShape::Int, KeyShape::Composite] {
+            for num_inputs in [1, 2, 16] {
+                for batch_size in [1, 7, 64, 1024] {
+                    seed += 1;
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    check_kway(
+                        &clustered_case(&mut rng, shape, num_inputs, 3000),
+                        batch_size,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_row_cursor_gives_the_same_output_as_the_primitive_one() {
         let mut rng = StdRng::seed_from_u64(99);
-        let case = random_case(&mut rng, KeyShape::Int, 16, 3000);
-        let primitive = drain(&mut kway(&case, 7), usize::MAX).unwrap();
-        let mut rows = KWayMerge::with_row_cursor(case.scans(), 7).unwrap();
-        assert_eq!(rows.cursor_kind(), &CursorKind::Rows);
-        let rows = drain(&mut rows, usize::MAX).unwrap();
-        assert_eq!(primitive.len(), rows.len());
-        for (p, r) in primitive.iter().zip(&rows) {
-            assert_eq!(p.batch.batch, r.batch.batch);
-            assert_eq!(p.progress, r.progress);
-            assert_eq!(p.exhausted, r.exhausted);
+        let spread = random_case(&mut rng, KeyShape::Int, 16, 3000);
+        let clustered = clustered_case(&mut rng, KeyShape::Int, 16, 3000);
+        for case in [spread, clustered] {
+            let primitive = drain(&mut kway(&case, 7), usize::MAX).unwrap();
+            let mut rows = KWayMerge::with_row_cursor(case.scans(), 7).unwrap();
+            assert_eq!(rows.cursor_kind(), &CursorKind::Rows);
+            let rows = drain(&mut rows, usize::MAX).unwrap();
+            assert_eq!(primitive.len(), rows.len());
+            for (p, r) in primitive.iter().zip(&rows) {
+                assert_eq!(p.batch.batch, r.batch.batch);
+                assert_eq!(p.progress, r.progress);
+                assert_eq!(p.exhausted, r.exhausted);
+            }
         }
     }
 
