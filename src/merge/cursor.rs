@@ -22,6 +22,8 @@
 //! `match` on two cursors' kinds. The merge picks the monomorphized instance once, at
 //! construction.
 
+use std::hint::select_unpredictable;
+
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
@@ -32,6 +34,7 @@ use arrow_schema::DataType;
 
 use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
+use crate::merge::loser_tree::Entry;
 use crate::store::KeyedBatch;
 
 /// Which cursor a merge compares rows with.
@@ -95,7 +98,7 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     type Config: Clone + Send + 'static;
 
     /// What the loser tree holds for one input.
-    type Entry: Copy + Send + 'static;
+    type Entry: Entry + Send + 'static;
 
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
@@ -262,26 +265,50 @@ macro_rules! order_bits {
 
 order_bits!(signed: i8, i16, i32, i64; unsigned: u8, u16, u32, u64);
 
-/// The bit of a [`PrimitiveCursor`] entry that marks an exhausted input.
-const EXHAUSTED: u128 = 1 << 127;
-/// Where a [`PrimitiveCursor`] entry keeps the key; the input index is below it.
-const KEY_SHIFT: u32 = 63;
-/// The input index bits of a [`PrimitiveCursor`] entry.
-const INPUT_MASK: u128 = (1 << KEY_SHIFT) - 1;
-
-/// A cursor over the native values of a non-nullable integer key column.
-///
-/// Its tree entry is the whole ranking in one `u128`, compared with a plain `<`:
+/// A [`PrimitiveCursor`]'s tree entry: its whole rank in two words, compared as one `u128`
+/// (`key` high, `tie` low) with a plain `<`:
 ///
 /// ```text
-///   bit 127      126 ..= 63                      62 ..= 0
-///   exhausted    key: OrderBits, inverted       input index
-///                when descending (0 if exhausted)
+///   key: the head's OrderBits, inverted when descending      u64::MAX once exhausted
+///   tie: the input index                                      with bit 63 set once exhausted
 /// ```
 ///
-/// Live entries order by key, then input index (the tie rule); every exhausted entry comes
-/// after every live one, exhausted ones by input index. The input index fits in 63 bits
-/// because a `Vec` holds at most `isize::MAX` elements.
+/// Live entries order by key, then input index (the tie rule). An exhausted entry has the
+/// largest key and a `tie` above every live input's, so it comes after every live entry
+/// (even one with key `u64::MAX`); exhausted entries order by input index. An input index
+/// fits in 63 bits because a `Vec` holds at most `isize::MAX` elements.
+///
+/// Two `u64` fields rather than one `u128`: the loser tree picks each word with a `cmov`,
+/// where LLVM lowers a select of a `u128` to branches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyEntry {
+    key: u64,
+    tie: u64,
+}
+
+/// The bit of [`KeyEntry::tie`] that marks an exhausted input.
+const EXHAUSTED: u64 = 1 << 63;
+
+impl KeyEntry {
+    /// The rank as one number: smaller comes first.
+    #[inline]
+    fn rank(self) -> u128 {
+        (u128::from(self.key) << 64) | u128::from(self.tie)
+    }
+}
+
+impl Entry for KeyEntry {
+    #[inline]
+    fn select(condition: bool, a: Self, b: Self) -> Self {
+        Self {
+            key: select_unpredictable(condition, a.key, b.key),
+            tie: select_unpredictable(condition, a.tie, b.tie),
+        }
+    }
+}
+
+/// A cursor over the native values of a non-nullable integer key column. Its tree entries
+/// are [`KeyEntry`]s: the key travels with the entry, so the tree never looks at a cursor.
 #[derive(Debug)]
 pub(crate) struct PrimitiveCursor<P: ArrowPrimitiveType> {
     values: ScalarBuffer<P::Native>,
@@ -297,9 +324,12 @@ where
 {
     /// The entry of `input` with head `value`.
     #[inline]
-    fn pack(&self, value: P::Native, input: usize) -> u128 {
-        debug_assert!(input as u128 <= INPUT_MASK);
-        (u128::from(value.order_bits() ^ self.flip) << KEY_SHIFT) | input as u128
+    fn pack(&self, value: P::Native, input: usize) -> KeyEntry {
+        debug_assert!((input as u64) < EXHAUSTED);
+        KeyEntry {
+            key: value.order_bits() ^ self.flip,
+            tie: input as u64,
+        }
     }
 }
 
@@ -309,7 +339,7 @@ where
     P::Native: OrderBits,
 {
     type Config = PrimitiveConfig;
-    type Entry = u128;
+    type Entry = KeyEntry;
 
     fn open(config: &PrimitiveConfig, batch: &KeyedBatch) -> Result<Self> {
         let column =
@@ -358,32 +388,36 @@ where
     }
 
     #[inline]
-    fn entry(&self, input: usize) -> u128 {
+    fn entry(&self, input: usize) -> KeyEntry {
         self.pack(self.values[self.row], input)
     }
 
-    fn exhausted(input: usize) -> u128 {
-        EXHAUSTED | input as u128
+    fn exhausted(input: usize) -> KeyEntry {
+        KeyEntry {
+            key: u64::MAX,
+            tie: EXHAUSTED | input as u64,
+        }
     }
 
     #[inline]
-    fn input(entry: u128) -> usize {
-        (entry & INPUT_MASK) as usize
+    fn input(entry: KeyEntry) -> usize {
+        (entry.tie & !EXHAUSTED) as usize
     }
 
     #[inline]
-    fn is_exhausted(entry: u128, _: &[Option<Self>]) -> bool {
-        entry & EXHAUSTED != 0
+    fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
+        entry.tie & EXHAUSTED != 0
     }
 
     #[inline]
-    fn beats(a: u128, b: u128, _: &[Option<Self>]) -> bool {
-        a < b
+    fn beats(a: KeyEntry, b: KeyEntry, _: &[Option<Self>]) -> bool {
+        a.rank() < b.rank()
     }
 
-    fn rows_before(&self, input: usize, bound: u128, max: usize, _: &[Option<Self>]) -> usize {
+    fn rows_before(&self, input: usize, bound: KeyEntry, max: usize, _: &[Option<Self>]) -> usize {
         let end = self.row + max.min(self.remaining());
-        self.values[self.row..end].partition_point(|&v| self.pack(v, input) < bound)
+        let bound = bound.rank();
+        self.values[self.row..end].partition_point(|&v| self.pack(v, input).rank() < bound)
     }
 }
 
@@ -463,7 +497,7 @@ mod tests {
     }
 
     #[test]
-    fn primitive_entries_pack_exhaustion_key_and_input_in_that_order() {
+    fn primitive_entries_rank_by_exhaustion_then_key_then_input() {
         let config = |descending| PrimitiveConfig {
             column: 0,
             descending,
@@ -482,7 +516,7 @@ mod tests {
                 entries.push((I64Cursor::exhausted(input), (true, 0, input)));
             }
             // Sorting the entries sorts by (exhausted, key in key order, input).
-            entries.sort_by_key(|&(entry, _)| entry);
+            entries.sort_by_key(|&(entry, _)| entry.rank());
             let got: Vec<_> = entries.iter().map(|&(_, unpacked)| unpacked).collect();
             let mut expected = got.clone();
             expected.sort_by(|a, b| {

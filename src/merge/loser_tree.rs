@@ -38,6 +38,19 @@
 
 use std::hint::select_unpredictable;
 
+/// What a [`LoserTree`] node holds: a small value picked between two without a branch.
+pub(crate) trait Entry: Copy {
+    /// `a` if `condition`, else `b`, as a conditional move.
+    fn select(condition: bool, a: Self, b: Self) -> Self;
+}
+
+impl Entry for usize {
+    #[inline]
+    fn select(condition: bool, a: Self, b: Self) -> Self {
+        select_unpredictable(condition, a, b)
+    }
+}
+
 /// A loser tree over `k` inputs. See the module docs.
 #[derive(Debug)]
 pub(crate) struct LoserTree<E> {
@@ -45,7 +58,7 @@ pub(crate) struct LoserTree<E> {
     nodes: Vec<E>,
 }
 
-impl<E: Copy> LoserTree<E> {
+impl<E: Entry> LoserTree<E> {
     /// A tree over one entry per input (input `i` is `entries[i]`), every match played.
     pub fn new(entries: &[E], beats: impl Fn(E, E) -> bool) -> Self {
         let mut tree = Self {
@@ -94,8 +107,8 @@ impl<E: Copy> LoserTree<E> {
         while node != 0 {
             let parked = self.nodes[node];
             let swap = beats(parked, climber);
-            self.nodes[node] = select_unpredictable(swap, climber, parked);
-            climber = select_unpredictable(swap, parked, climber);
+            self.nodes[node] = E::select(swap, climber, parked);
+            climber = E::select(swap, parked, climber);
             node /= 2;
         }
         if let Some(top) = self.nodes.first_mut() {
@@ -133,6 +146,12 @@ mod tests {
 
     /// An entry as the primitive cursors build it, unpacked: `(exhausted, key, input)`.
     type Entry = (bool, i32, usize);
+
+    impl super::Entry for Entry {
+        fn select(condition: bool, a: Self, b: Self) -> Self {
+            if condition { a } else { b }
+        }
+    }
 
     fn beats(a: Entry, b: Entry) -> bool {
         a < b
