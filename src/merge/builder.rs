@@ -2,8 +2,9 @@
 //!
 //! The merge loop does not copy rows. Each input batch it receives goes into a *slot*; each
 //! winning row (or run of rows) is recorded as `(slot, row)` indices. [`OutputBuilder::build`]
-//! turns the recorded indices into one batch with `interleave` (per column, and once more for
-//! the encoded keys), then releases every slot that no cursor points into any more. When the
+//! turns the recorded indices into one batch with `interleave` (per column; the encoded keys
+//! are interleaved too, or encoded afresh, see [`OutputKeys`]), then releases every slot that
+//! no cursor points into any more. When the
 //! whole output is one stretch of one batch (clustered keys), it is a zero-copy slice
 //! instead.
 //!
@@ -31,7 +32,7 @@ use arrow_schema::{Schema, SchemaRef};
 use arrow_select::interleave::{interleave, interleave_record_batch};
 
 use crate::error::{Error, Result};
-use crate::key::Position;
+use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
 use crate::store::KeyedBatch;
 use crate::vnode::VirtualNode;
@@ -59,6 +60,18 @@ struct Tally {
     last_out_row: usize,
 }
 
+/// How the builder produces the output's encoded keys.
+#[derive(Debug)]
+pub(crate) enum OutputKeys {
+    /// Gathered from the input batches' keys with `interleave`: works for every key.
+    Gather,
+    /// Encoded afresh from the output rows with the table's key. Chosen for a key of one
+    /// integer column: arrow-row encodes it at about 1.5 ns a row (`benches/key.rs`), where
+    /// `interleave` copies each short value with its own `memcpy` (about 9 ns a row in
+    /// `benches/merge.rs`).
+    Encode(PrimaryKey),
+}
+
 /// Collects `(slot, row)` indices and materializes them. See the module docs.
 #[derive(Debug)]
 pub(crate) struct OutputBuilder {
@@ -70,11 +83,12 @@ pub(crate) struct OutputBuilder {
     tallies: Vec<Tally>,
     /// Inputs with rows in the output being built, in order of their first row.
     touched: Vec<usize>,
+    keys: OutputKeys,
 }
 
 impl OutputBuilder {
     /// A builder for inputs of these vnodes (input `i` is `vnodes[i]`).
-    pub fn new(vnodes: Vec<VirtualNode>, batch_size: usize) -> Self {
+    pub fn new(vnodes: Vec<VirtualNode>, batch_size: usize, keys: OutputKeys) -> Self {
         let k = vnodes.len();
         Self {
             slots: Vec::with_capacity(2 * k),
@@ -83,6 +97,7 @@ impl OutputBuilder {
             tallies: vec![Tally::default(); k],
             touched: Vec::new(),
             vnodes,
+            keys,
         }
     }
 
@@ -169,12 +184,16 @@ impl OutputBuilder {
     fn interleave(&self) -> Result<KeyedBatch> {
         let batches: Vec<&RecordBatch> = self.slots.iter().map(|s| &s.batch.batch).collect();
         let batch = interleave_record_batch(&batches, &self.indices)?;
-        let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
-        let keys = interleave(&keys, &self.indices)?;
-        let keys = keys
-            .as_binary_opt::<i32>()
-            .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
-            .clone();
+        let keys = match &self.keys {
+            OutputKeys::Encode(pk) => pk.encode(&batch)?,
+            OutputKeys::Gather => {
+                let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
+                let keys = interleave(&keys, &self.indices)?;
+                keys.as_binary_opt::<i32>()
+                    .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
+                    .clone()
+            }
+        };
         Ok(KeyedBatch { batch, keys })
     }
 
@@ -211,7 +230,7 @@ mod tests {
     fn rows_interleave_and_consumed_batches_are_dropped() {
         let pk = int_key(false);
         let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
-        let mut builder = OutputBuilder::new(vnodes, 4);
+        let mut builder = OutputBuilder::new(vnodes, 4, OutputKeys::Gather);
         builder.push_batch(0, int_rows_with_ids(&pk, &[1, 3, 5], 100));
         builder.push_batch(1, int_rows_with_ids(&pk, &[2, 4], 200));
         for (input, row) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)] {
@@ -253,7 +272,7 @@ mod tests {
     fn runs_are_recorded_at_once_and_one_stretch_of_one_batch_is_sliced() {
         let pk = int_key(false);
         let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
-        let mut builder = OutputBuilder::new(vnodes, 8);
+        let mut builder = OutputBuilder::new(vnodes, 8, OutputKeys::Encode(pk.clone()));
         builder.push_batch(0, int_rows_with_ids(&pk, &[1, 2, 3, 4, 5, 6], 100));
         builder.push_batch(1, int_rows_with_ids(&pk, &[7, 8], 200));
         // Interleaved runs: gathered.
@@ -290,7 +309,7 @@ mod tests {
     fn an_empty_output_has_the_fallback_schema() {
         let pk = int_key(false);
         let schema = int_rows_with_ids(&pk, &[], 0).batch.schema();
-        let mut builder = OutputBuilder::new(vec![VirtualNode::new(1)], 4);
+        let mut builder = OutputBuilder::new(vec![VirtualNode::new(1)], 4, OutputKeys::Gather);
         let (out, progress) = builder.build(Some(&schema)).unwrap();
         assert!(out.is_empty() && progress.is_empty());
         assert_eq!(out.batch.schema(), schema);

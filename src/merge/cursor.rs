@@ -307,6 +307,31 @@ impl Entry for KeyEntry {
     }
 }
 
+/// How many values past the head [`PrimitiveCursor::advance`] prefetches: 64 bytes, one
+/// cache line of `i64`s.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Asks the CPU to start loading the cache line holding `address` into L1.
+///
+/// Each input's key column is read as a separate stream; with hundreds of inputs the
+/// hardware prefetcher does not follow them, and the winner's next key is the load every
+/// replay waits for. An input wins again only after the others had their turns, so a line
+/// requested when it advances has arrived by then (`merge/256x1M/kway`: +17%).
+#[inline]
+fn prefetch<T>(address: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        const { assert!(cfg!(target_feature = "sse"), "SSE is x86_64 baseline") };
+        // SAFETY: `_mm_prefetch` is a hint that never dereferences its argument (any address
+        // is allowed, out of bounds included), and it only requires SSE, which every x86_64
+        // CPU has (checked at compile time above).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(address.cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
+}
+
 /// A cursor over the native values of a non-nullable integer key column. Its tree entries
 /// are [`KeyEntry`]s: the key travels with the entry, so the tree never looks at a cursor.
 #[derive(Debug)]
@@ -383,8 +408,11 @@ where
         self.values.len().saturating_sub(self.row)
     }
 
+    /// Also prefetches the values one cache line ahead: see [`prefetch`].
+    #[inline]
     fn advance(&mut self, n: usize) {
         self.row += n;
+        prefetch(self.values.as_ptr().wrapping_add(self.row + PREFETCH_AHEAD));
     }
 
     #[inline]

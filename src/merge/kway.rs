@@ -33,7 +33,7 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
-use crate::merge::builder::OutputBuilder;
+use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
     Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowCursor,
     U8Cursor, U16Cursor, U32Cursor, U64Cursor,
@@ -85,16 +85,22 @@ impl<S: SnapshotScan> KWayMerge<S> {
     /// `batch_size` rows, comparing with the fastest cursor for `pk`
     /// ([`CursorKind::for_key`]).
     pub fn new(pk: &PrimaryKey, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
-        Self::with_cursor(CursorKind::for_key(pk), inputs, batch_size)
+        let kind = CursorKind::for_key(pk);
+        let keys = match kind {
+            CursorKind::Primitive { .. } => OutputKeys::Encode(pk.clone()),
+            CursorKind::Rows => OutputKeys::Gather,
+        };
+        Self::with_cursor(kind, keys, inputs, batch_size)
     }
 
     /// Like [`KWayMerge::new`], always comparing encoded keys (for benchmarks and tests).
     pub fn with_row_cursor(inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
-        Self::with_cursor(CursorKind::Rows, inputs, batch_size)
+        Self::with_cursor(CursorKind::Rows, OutputKeys::Gather, inputs, batch_size)
     }
 
     fn with_cursor(
         kind: CursorKind,
+        keys: OutputKeys,
         inputs: Vec<(VirtualNode, S)>,
         batch_size: usize,
     ) -> Result<Self> {
@@ -103,8 +109,10 @@ impl<S: SnapshotScan> KWayMerge<S> {
                 "merge batch size must be positive".into(),
             ));
         }
+        let vnodes = inputs.iter().map(|(v, _)| *v).collect();
+        let builder = OutputBuilder::new(vnodes, batch_size, keys);
         let engine = match &kind {
-            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, batch_size)),
+            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, builder, batch_size)),
             CursorKind::Primitive {
                 column,
                 data_type,
@@ -116,14 +124,14 @@ impl<S: SnapshotScan> KWayMerge<S> {
                 };
                 use arrow_schema::DataType as T;
                 match data_type {
-                    T::Int8 => Engine::I8(Merge::new(config, inputs, batch_size)),
-                    T::Int16 => Engine::I16(Merge::new(config, inputs, batch_size)),
-                    T::Int32 => Engine::I32(Merge::new(config, inputs, batch_size)),
-                    T::Int64 => Engine::I64(Merge::new(config, inputs, batch_size)),
-                    T::UInt8 => Engine::U8(Merge::new(config, inputs, batch_size)),
-                    T::UInt16 => Engine::U16(Merge::new(config, inputs, batch_size)),
-                    T::UInt32 => Engine::U32(Merge::new(config, inputs, batch_size)),
-                    T::UInt64 => Engine::U64(Merge::new(config, inputs, batch_size)),
+                    T::Int8 => Engine::I8(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int16 => Engine::I16(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int32 => Engine::I32(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int64 => Engine::I64(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt8 => Engine::U8(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt16 => Engine::U16(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt32 => Engine::U32(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt64 => Engine::U64(Merge::new(config, inputs, builder, batch_size)),
                     other => {
                         return Err(Error::Internal(format!(
                             "no primitive merge cursor for {other}"
@@ -181,9 +189,13 @@ struct Merge<S, C: Cursor> {
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
-    fn new(config: C::Config, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Self {
+    fn new(
+        config: C::Config,
+        inputs: Vec<(VirtualNode, S)>,
+        builder: OutputBuilder,
+        batch_size: usize,
+    ) -> Self {
         let k = inputs.len();
-        let vnodes = inputs.iter().map(|(v, _)| *v).collect();
         Self {
             config,
             table: String::new(),
@@ -194,7 +206,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                 .collect(),
             cursors: (0..k).map(|_| None).collect(),
             tree: LoserTree::new(&[], |_, _| false),
-            builder: OutputBuilder::new(vnodes, batch_size),
+            builder,
             batch_size,
             schema: None,
             exhausted: Vec::new(),
