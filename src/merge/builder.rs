@@ -113,7 +113,9 @@ impl OutputBuilder {
     }
 
     /// Appends rows `start..start + n` (`n > 0`) of `input`'s current batch to the output.
-    #[inline]
+    // Always: the merge loop calls this once a row, and LLVM kept it out of line
+    // (`merge/256x1M/kway`: +6% inlined).
+    #[inline(always)]
     pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
         let slot = self.current[input].ok_or_else(|| {
             Error::Internal(format!("merge input {input} emitted a row with no batch"))
