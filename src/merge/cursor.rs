@@ -33,7 +33,7 @@ use arrow_buffer::ScalarBuffer;
 use arrow_schema::DataType;
 
 use crate::error::{Error, Result};
-use crate::key::PrimaryKey;
+use crate::key::{PrimaryKey, first_unordered};
 use crate::merge::loser_tree::Entry;
 use crate::store::KeyedBatch;
 
@@ -103,6 +103,10 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
 
+    /// The first row of `batch` whose key is not strictly above the one before it, judged
+    /// the way this cursor compares (the input's order check, once per batch).
+    fn first_unordered(config: &Self::Config, batch: &KeyedBatch) -> Option<usize>;
+
     /// The head row.
     fn row(&self) -> usize;
 
@@ -162,6 +166,10 @@ impl Cursor for RowCursor {
             keys: batch.keys.clone(),
             row: 0,
         })
+    }
+
+    fn first_unordered(_: &(), batch: &KeyedBatch) -> Option<usize> {
+        first_unordered(&batch.keys)
     }
 
     fn row(&self) -> usize {
@@ -400,6 +408,21 @@ where
         })
     }
 
+    /// On the native values when the key column is as expected (a batch where it is not is
+    /// rejected by [`Cursor::open`]; its encoded keys are checked meanwhile).
+    fn first_unordered(config: &PrimitiveConfig, batch: &KeyedBatch) -> Option<usize> {
+        let column = batch.batch.columns().get(config.column);
+        let array = column.and_then(|c| c.as_primitive_opt::<P>());
+        let Some(array) = array.filter(|a| a.null_count() == 0) else {
+            return first_unordered(&batch.keys);
+        };
+        let flip = if config.descending { u64::MAX } else { 0 };
+        let bits = |v: P::Native| v.order_bits() ^ flip;
+        (array.values().windows(2))
+            .position(|w| bits(w[0]) >= bits(w[1]))
+            .map(|i| i + 1)
+    }
+
     fn row(&self) -> usize {
         self.row
     }
@@ -632,6 +655,43 @@ mod tests {
             };
             agrees_with_keys::<I32Cursor>(&config, &a, &b);
             agrees_with_keys::<RowCursor>(&(), &a, &b);
+        }
+    }
+
+    #[test]
+    fn the_primitive_order_check_agrees_with_the_encoded_keys() {
+        let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int32, false)]));
+        let cases: [&[i32]; 6] = [
+            &[],
+            &[5],
+            &[i32::MIN, -1, 0, 1, i32::MAX],
+            &[1, 2, 2, 3],
+            &[3, 2, 1, 0, -1],
+            &[-4, 7, 9, -2, 10],
+        ];
+        for values in cases {
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int32Array::from(values.to_vec()))],
+            )
+            .unwrap();
+            for descending in [false, true] {
+                let column = if descending {
+                    KeyColumn::desc("i")
+                } else {
+                    KeyColumn::asc("i")
+                };
+                let pk = PrimaryKey::new(&schema, vec![column]).unwrap();
+                let batch = keyed(&pk, batch.clone());
+                let config = PrimitiveConfig {
+                    column: 0,
+                    descending,
+                };
+                let expected = first_unordered(&batch.keys);
+                assert_eq!(I32Cursor::first_unordered(&config, &batch), expected);
+                // Not the expected column type: falls back to the encoded keys.
+                assert_eq!(I64Cursor::first_unordered(&config, &batch), expected);
+            }
         }
     }
 

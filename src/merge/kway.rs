@@ -41,7 +41,7 @@ use crate::merge::cursor::{
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
 use crate::merge::{MergeOutput, SnapshotMerger};
-use crate::store::SnapshotScan;
+use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
 /// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.
@@ -296,7 +296,9 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
 
     /// Gives `input` a cursor on its next batch, or marks it exhausted.
     fn fetch(&mut self, input: usize) -> Result<()> {
-        match self.inputs[input].next_batch(&self.table, &mut self.schema)? {
+        let config = &self.config;
+        let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
+        match self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)? {
             Some(batch) => {
                 self.cursors[input] = Some(C::open(&self.config, &batch)?);
                 self.builder.push_batch(input, batch);
