@@ -1,7 +1,7 @@
 //! How the heads of two inputs compare.
 //!
-//! A cursor walks one input's current batch: it knows the row it is on (the *head*) and how to
-//! compare its head with another cursor's head. There are two kinds:
+//! A cursor walks one input's current batch: it knows the row it is on (the *head*), makes
+//! the loser tree's entry for its input, and says how two entries rank. There are two kinds:
 //!
 //! ```text
 //!   RowCursor: encoded keys (BinaryArray)          PrimitiveCursor<Int64Type>: the key column
@@ -10,15 +10,18 @@
 //!           80 00 .. 05 | 61 02 ..                        99              descending
 //! ```
 //!
-//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`).
+//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`). Its
+//!   entry is the input index; ranking two looks up both cursors' heads.
 //! - [`PrimitiveCursor`] is the fast path for a key of one non-nullable integer column: it
-//!   compares the column's native values in place, no bytes, no length prefix. Chosen by
+//!   maps the column's native values to order-preserving `u64`s, no bytes, no length prefix.
+//!   Its entry ([`KeyEntry`]) carries the head key, so the tree ranks two entries with one
+//!   `u128` comparison and never looks at a cursor. Chosen by
 //!   [`CursorKind::for_key`]; a nullable column falls back to rows, so NULL ordering is only
 //!   ever decided by arrow-row.
 //!
 //! **Why a trait, not an enum.** Every input of one merge uses the same kind, decided once
 //! from the key. A generic [`Cursor`] lets the merge loop and the loser tree be compiled once
-//! per kind, so the hot comparison is a direct `i64` (or `memcmp`) compare with no per-row
+//! per kind, so the hot comparison is a direct `u128` (or `memcmp`) compare with no per-row
 //! `match` on two cursors' kinds. The merge picks the monomorphized instance once, at
 //! construction.
 
@@ -315,8 +318,8 @@ impl Entry for KeyEntry {
     }
 }
 
-/// How many values past the head [`PrimitiveCursor::advance`] prefetches: 64 bytes, one
-/// cache line of `i64`s.
+/// How many values past the head [`PrimitiveCursor::advance`] prefetches: one 64-byte cache
+/// line of `i64`s.
 const PREFETCH_AHEAD: usize = 8;
 
 /// Asks the CPU to start loading the cache line holding `address` into L1.
