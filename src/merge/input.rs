@@ -57,6 +57,19 @@ impl<S: SnapshotScan> MergeInput<S> {
         table: &str,
         schema: &mut Option<SchemaRef>,
     ) -> Result<Option<KeyedBatch>> {
+        self.next_batch_with(table, schema, |batch| first_unordered(&batch.keys))
+    }
+
+    /// Like [`MergeInput::next_batch`], with `unordered` finding the first row of a batch
+    /// whose key does not strictly increase (`key::first_unordered` on the encoded keys, or
+    /// an equivalent check on native key values that is cheaper than a `memcmp` per row).
+    /// The order across batches is always checked on the encoded keys.
+    pub fn next_batch_with(
+        &mut self,
+        table: &str,
+        schema: &mut Option<SchemaRef>,
+        unordered: impl Fn(&KeyedBatch) -> Option<usize>,
+    ) -> Result<Option<KeyedBatch>> {
         loop {
             let Some(scan) = self.scan.as_mut() else {
                 return Ok(None);
@@ -79,12 +92,18 @@ impl<S: SnapshotScan> MergeInput<S> {
             if batch.is_empty() {
                 continue;
             }
-            self.check_order(table, &batch)?;
+            self.check_order(table, &batch, unordered(&batch))?;
             return Ok(Some(batch));
         }
     }
 
-    fn check_order(&mut self, table: &str, batch: &KeyedBatch) -> Result<()> {
+    /// Checks `batch` follows the batch before it; `unordered` is its first row out of order.
+    fn check_order(
+        &mut self,
+        table: &str,
+        batch: &KeyedBatch,
+        unordered: Option<usize>,
+    ) -> Result<()> {
         let keys = &batch.keys;
         let violation = |row| Error::OrderViolation {
             table: table.to_owned(),
@@ -94,7 +113,7 @@ impl<S: SnapshotScan> MergeInput<S> {
         if self.seen_rows && keys.value(0) <= self.last_key.as_slice() {
             return Err(violation(0));
         }
-        if let Some(row) = first_unordered(keys) {
+        if let Some(row) = unordered {
             return Err(violation(row));
         }
         self.last_key.clear();

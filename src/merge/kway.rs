@@ -7,11 +7,19 @@
 //!
 //!   Merging, until the output holds batch_size rows or every input is exhausted:
 //!     w = tree winner            (smallest head; ties -> lowest input)
-//!     record (w's slot, w's row) in the builder; advance w's cursor
+//!     n = 1, or if w also won the previous round, every row of w before the runner-up
+//!     record (w's slot, w's rows) in the builder; advance w's cursor by n
 //!     w's batch used up?  -> fetch w's next batch     (None: w is exhausted; report its vnode)
-//!     replay w's path in the tree
+//!     replay w's path in the tree with w's new entry
 //!   then interleave the recorded rows into one batch, with progress and exhaustion news.
 //! ```
+//!
+//! **Runs.** When keys are clustered (an input holds a stretch of consecutive keys), the
+//! same input wins many rounds in a row. Replaying the tree for each of those rows is wasted
+//! work: once an input wins twice in a row, the merge asks the tree for the runner-up (the
+//! best loser on the winner's path) and binary-searches the winner's batch for the rows
+//! before it, recording them as one range. With spread keys a second win in a row is rare
+//! (1 in `k`), so the check costs one comparison per row.
 //!
 //! An input's next batch is fetched the moment its cursor passes its last row, so an
 //! exhausted vnode is reported in the same output as its last row; a vnode with no rows at
@@ -25,15 +33,15 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
-use crate::merge::builder::OutputBuilder;
+use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
     Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowCursor,
     U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
-use crate::merge::loser_tree::{Contest, LoserTree};
+use crate::merge::loser_tree::LoserTree;
 use crate::merge::{MergeOutput, SnapshotMerger};
-use crate::store::SnapshotScan;
+use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
 /// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.
@@ -77,16 +85,22 @@ impl<S: SnapshotScan> KWayMerge<S> {
     /// `batch_size` rows, comparing with the fastest cursor for `pk`
     /// ([`CursorKind::for_key`]).
     pub fn new(pk: &PrimaryKey, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
-        Self::with_cursor(CursorKind::for_key(pk), inputs, batch_size)
+        let kind = CursorKind::for_key(pk);
+        let keys = match kind {
+            CursorKind::Primitive { .. } => OutputKeys::Encode(pk.clone()),
+            CursorKind::Rows => OutputKeys::Gather,
+        };
+        Self::with_cursor(kind, keys, inputs, batch_size)
     }
 
     /// Like [`KWayMerge::new`], always comparing encoded keys (for benchmarks and tests).
     pub fn with_row_cursor(inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
-        Self::with_cursor(CursorKind::Rows, inputs, batch_size)
+        Self::with_cursor(CursorKind::Rows, OutputKeys::Gather, inputs, batch_size)
     }
 
     fn with_cursor(
         kind: CursorKind,
+        keys: OutputKeys,
         inputs: Vec<(VirtualNode, S)>,
         batch_size: usize,
     ) -> Result<Self> {
@@ -95,8 +109,10 @@ impl<S: SnapshotScan> KWayMerge<S> {
                 "merge batch size must be positive".into(),
             ));
         }
+        let vnodes = inputs.iter().map(|(v, _)| *v).collect();
+        let builder = OutputBuilder::new(vnodes, batch_size, keys);
         let engine = match &kind {
-            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, batch_size)),
+            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, builder, batch_size)),
             CursorKind::Primitive {
                 column,
                 data_type,
@@ -108,14 +124,14 @@ impl<S: SnapshotScan> KWayMerge<S> {
                 };
                 use arrow_schema::DataType as T;
                 match data_type {
-                    T::Int8 => Engine::I8(Merge::new(config, inputs, batch_size)),
-                    T::Int16 => Engine::I16(Merge::new(config, inputs, batch_size)),
-                    T::Int32 => Engine::I32(Merge::new(config, inputs, batch_size)),
-                    T::Int64 => Engine::I64(Merge::new(config, inputs, batch_size)),
-                    T::UInt8 => Engine::U8(Merge::new(config, inputs, batch_size)),
-                    T::UInt16 => Engine::U16(Merge::new(config, inputs, batch_size)),
-                    T::UInt32 => Engine::U32(Merge::new(config, inputs, batch_size)),
-                    T::UInt64 => Engine::U64(Merge::new(config, inputs, batch_size)),
+                    T::Int8 => Engine::I8(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int16 => Engine::I16(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int32 => Engine::I32(Merge::new(config, inputs, builder, batch_size)),
+                    T::Int64 => Engine::I64(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt8 => Engine::U8(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt16 => Engine::U16(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt32 => Engine::U32(Merge::new(config, inputs, builder, batch_size)),
+                    T::UInt64 => Engine::U64(Merge::new(config, inputs, builder, batch_size)),
                     other => {
                         return Err(Error::Internal(format!(
                             "no primitive merge cursor for {other}"
@@ -162,7 +178,8 @@ struct Merge<S, C: Cursor> {
     inputs: Vec<MergeInput<S>>,
     /// Per input: its cursor, `None` once exhausted.
     cursors: Vec<Option<C>>,
-    tree: LoserTree,
+    /// Empty until the merge starts.
+    tree: LoserTree<C::Entry>,
     builder: OutputBuilder,
     batch_size: usize,
     /// The schema of the first batch seen, for empty outputs.
@@ -172,9 +189,13 @@ struct Merge<S, C: Cursor> {
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
-    fn new(config: C::Config, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Self {
+    fn new(
+        config: C::Config,
+        inputs: Vec<(VirtualNode, S)>,
+        builder: OutputBuilder,
+        batch_size: usize,
+    ) -> Self {
         let k = inputs.len();
-        let vnodes = inputs.iter().map(|(v, _)| *v).collect();
         Self {
             config,
             table: String::new(),
@@ -184,8 +205,8 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                 .map(|(v, s)| MergeInput::new(v, s))
                 .collect(),
             cursors: (0..k).map(|_| None).collect(),
-            tree: LoserTree::new(k),
-            builder: OutputBuilder::new(vnodes, batch_size),
+            tree: LoserTree::new(&[], |_, _| false),
+            builder,
             batch_size,
             schema: None,
             exhausted: Vec::new(),
@@ -214,34 +235,70 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         for input in 0..self.inputs.len() {
             self.fetch(input)?;
         }
-        self.tree.init(&Heads(&self.cursors));
+        let entries: Vec<C::Entry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
+        let cursors = &self.cursors;
+        self.tree = LoserTree::new(&entries, |a, b| C::beats(a, b, cursors));
         self.phase = Phase::Merging;
         Ok(())
     }
 
+    /// The tree entry of `input`: its head, or its exhaustion.
+    fn entry(&self, input: usize) -> C::Entry {
+        match &self.cursors[input] {
+            Some(cursor) => cursor.entry(input),
+            None => C::exhausted(input),
+        }
+    }
+
     /// Records winners until the output is full or every input is exhausted.
     fn fill(&mut self) -> Result<()> {
+        let mut previous = None;
         while self.builder.len() < self.batch_size {
             let Some(winner) = self.tree.winner() else {
                 return Ok(());
             };
             // The winner is exhausted only when every input is.
-            let Some(cursor) = self.cursors[winner].as_mut() else {
+            if C::is_exhausted(winner, &self.cursors) {
                 return Ok(());
-            };
-            self.builder.push_row(winner, cursor.row())?;
-            cursor.advance();
-            if cursor.is_finished() {
-                self.fetch(winner)?;
             }
-            self.tree.replay(&Heads(&self.cursors));
+            let input = C::input(winner);
+            let cursors = &self.cursors;
+            let cursor = cursors[input].as_ref().ok_or_else(|| {
+                Error::Internal(format!("merge input {input} won with no cursor"))
+            })?;
+            let room = self.batch_size - self.builder.len();
+            let rows = if previous == Some(input) {
+                // A second win in a row: take every row before the runner-up at once.
+                let runner_up = self.tree.runner_up(input, |a, b| C::beats(a, b, cursors));
+                match runner_up {
+                    Some(bound) => cursor.rows_before(input, bound, room, cursors),
+                    None => room.min(cursor.remaining()),
+                }
+            } else {
+                1
+            };
+            debug_assert!(rows >= 1, "the winner's head comes before the runner-up");
+            self.builder.push_rows(input, cursor.row(), rows)?;
+            if let Some(cursor) = self.cursors[input].as_mut() {
+                cursor.advance(rows);
+                if cursor.remaining() == 0 {
+                    self.fetch(input)?;
+                }
+            }
+            let entry = self.entry(input);
+            let cursors = &self.cursors;
+            self.tree
+                .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            previous = Some(input);
         }
         Ok(())
     }
 
     /// Gives `input` a cursor on its next batch, or marks it exhausted.
     fn fetch(&mut self, input: usize) -> Result<()> {
-        match self.inputs[input].next_batch(&self.table, &mut self.schema)? {
+        let config = &self.config;
+        let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
+        match self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)? {
             Some(batch) => {
                 self.cursors[input] = Some(C::open(&self.config, &batch)?);
                 self.builder.push_batch(input, batch);
@@ -256,25 +313,6 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     }
 }
 
-/// The inputs' cursors, as the loser tree sees them.
-struct Heads<'a, C>(&'a [Option<C>]);
-
-impl<C: Cursor> Contest for Heads<'_, C> {
-    #[inline]
-    fn is_exhausted(&self, i: usize) -> bool {
-        self.0[i].is_none()
-    }
-
-    #[inline]
-    fn cmp_heads(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        match (&self.0[a], &self.0[b]) {
-            (Some(a), Some(b)) => a.cmp_heads(b),
-            // Not reached: the tree compares heads of live inputs only.
-            _ => std::cmp::Ordering::Equal,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -282,8 +320,8 @@ mod tests {
 
     use super::*;
     use crate::merge::testing::{
-        Case, KeyShape, VecScan, check_outputs, drain, ids, int_key, int_rows, int_rows_with_ids,
-        random_case,
+        Case, KeyShape, VecScan, check_outputs, clustered_case, drain, ids, int_key, int_rows,
+        int_rows_with_ids, random_case,
     };
 
     fn kway(case: &Case, batch_size: usize) -> KWayMerge<VecScan> {
@@ -349,18 +387,38 @@ mod tests {
     }
 
     #[test]
+    fn clustered_keys_merge_in_runs_like_a_sort() {
+        let mut seed = 1000;
+        for shape in [KeyShape::Int, KeyShape::Composite] {
+            for num_inputs in [1, 2, 16] {
+                for batch_size in [1, 7, 64, 1024] {
+                    seed += 1;
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    check_kway(
+                        &clustered_case(&mut rng, shape, num_inputs, 3000),
+                        batch_size,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_row_cursor_gives_the_same_output_as_the_primitive_one() {
         let mut rng = StdRng::seed_from_u64(99);
-        let case = random_case(&mut rng, KeyShape::Int, 16, 3000);
-        let primitive = drain(&mut kway(&case, 7), usize::MAX).unwrap();
-        let mut rows = KWayMerge::with_row_cursor(case.scans(), 7).unwrap();
-        assert_eq!(rows.cursor_kind(), &CursorKind::Rows);
-        let rows = drain(&mut rows, usize::MAX).unwrap();
-        assert_eq!(primitive.len(), rows.len());
-        for (p, r) in primitive.iter().zip(&rows) {
-            assert_eq!(p.batch.batch, r.batch.batch);
-            assert_eq!(p.progress, r.progress);
-            assert_eq!(p.exhausted, r.exhausted);
+        let spread = random_case(&mut rng, KeyShape::Int, 16, 3000);
+        let clustered = clustered_case(&mut rng, KeyShape::Int, 16, 3000);
+        for case in [spread, clustered] {
+            let primitive = drain(&mut kway(&case, 7), usize::MAX).unwrap();
+            let mut rows = KWayMerge::with_row_cursor(case.scans(), 7).unwrap();
+            assert_eq!(rows.cursor_kind(), &CursorKind::Rows);
+            let rows = drain(&mut rows, usize::MAX).unwrap();
+            assert_eq!(primitive.len(), rows.len());
+            for (p, r) in primitive.iter().zip(&rows) {
+                assert_eq!(p.batch.batch, r.batch.batch);
+                assert_eq!(p.progress, r.progress);
+                assert_eq!(p.exhausted, r.exhausted);
+            }
         }
     }
 

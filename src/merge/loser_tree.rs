@@ -15,113 +15,128 @@
 //!                      -> node 1 (in0 vs in3: in3 wins, in0 stays) -> node 0 = in3
 //! ```
 //!
-//! The order is a strict total order on inputs, decided by a [`Contest`]:
+//! **Nodes hold entries, not input numbers.** A node stores an *entry* `E`: a small `Copy`
+//! value that names an input and, for the primitive cursors, carries its head key as well
+//! (see `cursor.rs`: `KeyEntry`, the rank `(key, exhausted, input)` in two words that compare
+//! as one `u128`). A replay then
+//! compares the climbing entry with the entry parked at each node: the node's address
+//! depends only on the leaf, never on an earlier comparison, and the key is right there, so
+//! the loads of the whole path can be in flight at once instead of chasing
+//! node -> input -> cursor -> buffer -> value. The select after each comparison is
+//! [`Entry::select`], a conditional move ([`select_unpredictable`]), because which side wins
+//! is a coin toss for spread keys and a mispredicted branch per level was most of the merge's
+//! time. (For the row cursor, whose entries are bare input indices, it measured faster than a
+//! branch too.)
+//!
+//! The order is a strict total order on entries, decided by a `beats(a, b)` function (`a`
+//! comes strictly before `b`) that the caller passes in:
 //! - an exhausted input loses to every live input (two exhausted inputs: lower index wins, so
 //!   the order stays total);
 //! - live heads compare by key; **equal keys: the lower input index wins**, so output is
 //!   deterministic whatever the replay history.
+//!
+//! [`LoserTree::runner_up`] finds the second best without changing anything: the best of the
+//! losers on the winner's path (each is the best of the subtree the winner did not come
+//! from). The merge uses it to emit a winner's run of rows without replaying per row.
 
-use std::cmp::Ordering;
+use std::hint::select_unpredictable;
 
-/// The inputs a [`LoserTree`] ranks.
-pub(crate) trait Contest {
-    /// True when input `i` has no head any more.
-    fn is_exhausted(&self, i: usize) -> bool;
-
-    /// Compares the heads of two live inputs by key.
-    fn cmp_heads(&self, a: usize, b: usize) -> Ordering;
+/// What a [`LoserTree`] node holds: a small value picked between two without a branch.
+pub(crate) trait Entry: Copy {
+    /// `a` if `condition`, else `b`, as a conditional move.
+    fn select(condition: bool, a: Self, b: Self) -> Self;
 }
 
-/// Marks a node no input reached yet, during [`LoserTree::init`].
-const EMPTY: usize = usize::MAX;
+impl Entry for usize {
+    #[inline]
+    fn select(condition: bool, a: Self, b: Self) -> Self {
+        select_unpredictable(condition, a, b)
+    }
+}
 
 /// A loser tree over `k` inputs. See the module docs.
 #[derive(Debug)]
-pub(crate) struct LoserTree {
+pub(crate) struct LoserTree<E> {
     /// `nodes[0]` is the winner, `nodes[1..k]` the losers of the internal nodes.
-    nodes: Vec<usize>,
+    nodes: Vec<E>,
 }
 
-impl LoserTree {
-    /// A tree over `k` inputs; call [`LoserTree::init`] before asking for the winner.
-    pub fn new(k: usize) -> Self {
-        Self {
-            nodes: vec![EMPTY; k],
+impl<E: Entry> LoserTree<E> {
+    /// A tree over one entry per input (input `i` is `entries[i]`), every match played.
+    pub fn new(entries: &[E], beats: impl Fn(E, E) -> bool) -> Self {
+        let mut tree = Self {
+            nodes: entries.to_vec(),
+        };
+        if let Some(&first) = entries.first() {
+            tree.nodes[0] = if entries.len() == 1 {
+                first
+            } else {
+                tree.play(1, entries, &beats)
+            };
         }
+        tree
     }
 
-    /// The number of inputs.
-    fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// Plays every match from scratch.
-    pub fn init(&mut self, contest: &impl Contest) {
-        self.nodes.fill(EMPTY);
-        for input in 0..self.len() {
-            // Climb until a node is free: park there, or reach the top as the winner.
-            let mut climber = input;
-            let mut node = self.leaf_parent(input);
-            while node != 0 {
-                let parked = self.nodes[node];
-                if parked == EMPTY {
-                    self.nodes[node] = climber;
-                    break;
-                }
-                if beats(contest, parked, climber) {
-                    self.nodes[node] = climber;
-                    climber = parked;
-                }
-                node /= 2;
-            }
-            if node == 0 {
-                self.nodes[0] = climber;
-            }
+    /// Plays the subtree under `node` from scratch, parking losers; returns its winner.
+    fn play(&mut self, node: usize, entries: &[E], beats: &impl Fn(E, E) -> bool) -> E {
+        let k = entries.len();
+        if node >= k {
+            return entries[node - k];
         }
+        let left = self.play(2 * node, entries, beats);
+        let right = self.play(2 * node + 1, entries, beats);
+        let (winner, loser) = if beats(right, left) {
+            (right, left)
+        } else {
+            (left, right)
+        };
+        self.nodes[node] = loser;
+        winner
     }
 
-    /// The input with the smallest head (an exhausted one only when all are), or `None`
-    /// for a tree over no inputs.
+    /// The best entry (an exhausted input's only when all are), or `None` for a tree over
+    /// no inputs.
     #[inline]
-    pub fn winner(&self) -> Option<usize> {
+    pub fn winner(&self) -> Option<E> {
         self.nodes.first().copied()
     }
 
-    /// Replays the winner's path after its head changed (advanced, or exhausted).
+    /// Gives the winner, input `leaf`, its new entry (its head advanced, or it is exhausted)
+    /// and replays its path.
     #[inline]
-    pub fn replay(&mut self, contest: &impl Contest) {
-        let Some(mut winner) = self.winner() else {
-            return;
-        };
-        let mut node = self.leaf_parent(winner);
+    pub fn replay(&mut self, leaf: usize, entry: E, beats: impl Fn(E, E) -> bool) {
+        let mut climber = entry;
+        let mut node = self.leaf_parent(leaf);
         while node != 0 {
-            let challenger = self.nodes[node];
-            if beats(contest, challenger, winner) {
-                self.nodes[node] = winner;
-                winner = challenger;
-            }
+            let parked = self.nodes[node];
+            let swap = beats(parked, climber);
+            self.nodes[node] = E::select(swap, climber, parked);
+            climber = E::select(swap, parked, climber);
             node /= 2;
         }
-        self.nodes[0] = winner;
+        if let Some(top) = self.nodes.first_mut() {
+            *top = climber;
+        }
+    }
+
+    /// The second best entry, when the winner is input `leaf`: the best loser on its path.
+    /// `None` with a single input.
+    pub fn runner_up(&self, leaf: usize, beats: impl Fn(E, E) -> bool) -> Option<E> {
+        let mut best: Option<E> = None;
+        let mut node = self.leaf_parent(leaf);
+        while node != 0 {
+            let parked = self.nodes[node];
+            best = Some(match best {
+                Some(b) if beats(b, parked) => b,
+                _ => parked,
+            });
+            node /= 2;
+        }
+        best
     }
 
     fn leaf_parent(&self, input: usize) -> usize {
-        (self.len() + input) / 2
-    }
-}
-
-/// True when input `a` comes strictly before input `b`.
-#[inline]
-fn beats(contest: &impl Contest, a: usize, b: usize) -> bool {
-    match (contest.is_exhausted(a), contest.is_exhausted(b)) {
-        (false, false) => match contest.cmp_heads(a, b) {
-            Ordering::Less => true,
-            Ordering::Greater => false,
-            Ordering::Equal => a < b,
-        },
-        (false, true) => true,
-        (true, false) => false,
-        (true, true) => a < b,
+        (self.nodes.len() + input) / 2
     }
 }
 
@@ -132,38 +147,46 @@ mod tests {
 
     use super::*;
 
-    /// Sorted integer lists, one per input, each with a read offset.
-    struct Lists {
-        lists: Vec<Vec<i32>>,
-        offsets: Vec<usize>,
-    }
+    /// An entry as the primitive cursors build it, unpacked: `(exhausted, key, input)`.
+    type Entry = (bool, i32, usize);
 
-    impl Contest for Lists {
-        fn is_exhausted(&self, i: usize) -> bool {
-            self.offsets[i] >= self.lists[i].len()
-        }
-
-        fn cmp_heads(&self, a: usize, b: usize) -> Ordering {
-            self.lists[a][self.offsets[a]].cmp(&self.lists[b][self.offsets[b]])
+    impl super::Entry for Entry {
+        fn select(condition: bool, a: Self, b: Self) -> Self {
+            if condition { a } else { b }
         }
     }
 
-    /// Merges the lists with a loser tree: `(value, input)` in output order.
-    fn merge(lists: Vec<Vec<i32>>) -> Vec<(i32, usize)> {
-        let mut lists = Lists {
-            offsets: vec![0; lists.len()],
-            lists,
-        };
-        let mut tree = LoserTree::new(lists.lists.len());
-        tree.init(&lists);
+    fn beats(a: Entry, b: Entry) -> bool {
+        a < b
+    }
+
+    /// The entry of input `i` whose list is read up to `offset`.
+    fn entry(lists: &[Vec<i32>], i: usize, offset: usize) -> Entry {
+        match lists[i].get(offset) {
+            Some(&key) => (false, key, i),
+            None => (true, 0, i),
+        }
+    }
+
+    /// Merges sorted lists with a loser tree: `(value, input)` in output order. With `runs`,
+    /// a winner emits every value before the runner-up at once, as the merge does.
+    fn merge(lists: &[Vec<i32>], runs: bool) -> Vec<(i32, usize)> {
+        let mut offsets = vec![0; lists.len()];
+        let entries: Vec<Entry> = (0..lists.len()).map(|i| entry(lists, i, 0)).collect();
+        let mut tree = LoserTree::new(&entries, beats);
         let mut out = Vec::new();
-        while let Some(w) = tree.winner() {
-            if lists.is_exhausted(w) {
-                break;
+        while let Some((false, _, w)) = tree.winner() {
+            let bound = tree.runner_up(w, beats).filter(|_| runs);
+            loop {
+                out.push((lists[w][offsets[w]], w));
+                offsets[w] += 1;
+                let next = entry(lists, w, offsets[w]);
+                match bound {
+                    Some(bound) if !next.0 && beats(next, bound) => {}
+                    _ => break,
+                }
             }
-            out.push((lists.lists[w][lists.offsets[w]], w));
-            lists.offsets[w] += 1;
-            tree.replay(&lists);
+            tree.replay(w, entry(lists, w, offsets[w]), beats);
         }
         out
     }
@@ -181,47 +204,56 @@ mod tests {
 
     #[test]
     fn no_inputs_have_no_winner() {
-        let mut tree = LoserTree::new(0);
-        let lists = Lists {
-            lists: vec![],
-            offsets: vec![],
-        };
-        tree.init(&lists);
-        tree.replay(&lists);
+        let tree = LoserTree::<Entry>::new(&[], beats);
         assert_eq!(tree.winner(), None);
+        assert_eq!(merge(&[], false), vec![]);
+        let one = LoserTree::new(&[(false, 3, 0)], beats);
+        assert_eq!(one.winner(), Some((false, 3, 0)));
+        assert_eq!(one.runner_up(0, beats), None);
     }
 
     #[test]
     fn the_module_doc_example() {
         let lists = vec![vec![5], vec![2, 9], vec![7], vec![3]];
-        let order: Vec<usize> = merge(lists).into_iter().map(|(_, i)| i).collect();
+        let entries: Vec<Entry> = (0..4).map(|i| entry(&lists, i, 0)).collect();
+        let tree = LoserTree::new(&entries, beats);
+        assert_eq!(tree.winner(), Some((false, 2, 1)));
+        assert_eq!(tree.runner_up(1, beats), Some((false, 3, 3)));
+        let order: Vec<usize> = merge(&lists, false).into_iter().map(|(_, i)| i).collect();
         assert_eq!(order, vec![1, 3, 0, 2, 1]);
     }
 
     #[test]
     fn ties_go_to_the_lower_input_and_exhausted_inputs_lose() {
         let lists = vec![vec![], vec![1, 2, 2], vec![1, 2], vec![], vec![0, 2]];
-        assert_eq!(
-            merge(lists),
-            vec![(0, 4), (1, 1), (1, 2), (2, 1), (2, 1), (2, 2), (2, 4)]
-        );
-        assert_eq!(merge(vec![vec![], vec![]]), vec![]);
+        for runs in [false, true] {
+            assert_eq!(
+                merge(&lists, runs),
+                vec![(0, 4), (1, 1), (1, 2), (2, 1), (2, 1), (2, 2), (2, 4)]
+            );
+        }
+        assert_eq!(merge(&[vec![], vec![]], false), vec![]);
     }
 
     #[test]
-    fn random_lists_merge_like_a_sort() {
+    fn random_lists_merge_like_a_sort_with_and_without_runs() {
         let mut rng = StdRng::seed_from_u64(7);
         for k in [1, 2, 3, 5, 8, 13, 64, 100] {
-            for _ in 0..20 {
+            for clustered in [false, true] {
                 let lists: Vec<Vec<i32>> = (0..k)
-                    .map(|_| {
+                    .map(|i| {
                         let len = rng.random_range(0..20);
-                        let mut l: Vec<i32> = (0..len).map(|_| rng.random_range(0..30)).collect();
+                        // Clustered: input i mostly holds keys near 10 * i, so runs are long.
+                        let base = if clustered { 10 * i } else { 0 };
+                        let mut l: Vec<i32> =
+                            (0..len).map(|_| base + rng.random_range(0..30)).collect();
                         l.sort();
                         l
                     })
                     .collect();
-                assert_eq!(merge(lists.clone()), oracle(&lists), "{lists:?}");
+                for runs in [false, true] {
+                    assert_eq!(merge(&lists, runs), oracle(&lists), "{lists:?}");
+                }
             }
         }
     }

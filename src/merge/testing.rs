@@ -146,13 +146,48 @@ pub(crate) fn random_case(
 ) -> Case {
     let rows = rng.random_range(0..=max_rows);
     let (table, pk) = random_table(rng, shape, rows);
-    let keys = pk.encode(&table).unwrap();
     let non_empty: Vec<usize> = (0..num_inputs).filter(|_| rng.random_bool(0.9)).collect();
     let owner: Vec<usize> = match non_empty.is_empty() {
         true => vec![0; 0],
         false => (0..rows).map(|_| *non_empty.choose(rng).unwrap()).collect(),
     };
+    split(rng, table, pk, owner, num_inputs)
+}
+
+/// Like [`random_case`], but with clustered keys: in key order, stretches of up to 300 rows
+/// go to one input, so the same input wins many rounds in a row.
+pub(crate) fn clustered_case(
+    rng: &mut StdRng,
+    shape: KeyShape,
+    num_inputs: usize,
+    max_rows: usize,
+) -> Case {
+    let rows = rng.random_range(0..=max_rows);
+    let (table, pk) = random_table(rng, shape, rows);
+    let keys = pk.encode(&table).unwrap();
+    let mut by_key: Vec<usize> = (0..rows).collect();
+    by_key.sort_by(|&a, &b| keys.value(a).cmp(keys.value(b)));
+    let mut owner = vec![0; rows];
+    for stretch in by_key.chunks(rng.random_range(1..=300)) {
+        let input = rng.random_range(0..num_inputs);
+        for &row in stretch {
+            owner[row] = input;
+        }
+    }
+    split(rng, table, pk, owner, num_inputs)
+}
+
+/// The case where row `r` of `table` belongs to input `owner[r]`: each input's rows sorted by
+/// key and cut into batches of random sizes, with some empty batches.
+fn split(
+    rng: &mut StdRng,
+    table: RecordBatch,
+    pk: PrimaryKey,
+    owner: Vec<usize>,
+    num_inputs: usize,
+) -> Case {
     let rows = owner.len();
+    let keys = pk.encode(&table).unwrap();
     let mut inputs = Vec::with_capacity(num_inputs);
     for input in 0..num_inputs {
         let mut mine: Vec<u32> = (0..rows as u32)
