@@ -108,7 +108,7 @@ impl UpstreamFilter {
     fn prepare(desc: Arc<TableDesc>, rules: Vec<Rule>, bounds: Vec<Position>) -> Result<Self> {
         let pk = desc.pk();
         let native = match (pk.indices(), pk.key_schema().field(0).data_type()) {
-            ([column], dt) if is_native_key(dt) && !bounds.is_empty() => {
+            ([column], dt) if dt.is_integer() && !bounds.is_empty() => {
                 let values = pk
                     .decode(bounds.iter().map(Position::as_bytes))?
                     .into_iter()
@@ -219,20 +219,6 @@ impl UpstreamFilter {
             Rule::Drop | Rule::NotOwned => false,
         })
     }
-}
-
-fn is_native_key(dt: &DataType) -> bool {
-    matches!(
-        dt,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-    )
 }
 
 #[cfg(test)]

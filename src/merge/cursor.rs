@@ -68,18 +68,7 @@ impl CursorKind {
             return Self::Rows;
         };
         let field = pk.key_schema().field(0);
-        let integer = matches!(
-            field.data_type(),
-            DataType::Int8
-                | DataType::Int16
-                | DataType::Int32
-                | DataType::Int64
-                | DataType::UInt8
-                | DataType::UInt16
-                | DataType::UInt32
-                | DataType::UInt64
-        );
-        if !integer || field.is_nullable() {
+        if !field.data_type().is_integer() || field.is_nullable() {
             return Self::Rows;
         }
         Self::Primitive {
