@@ -19,7 +19,6 @@
 //! one-row batch of the key columns ([`Position::to_batch`]), and re-encoded on load
 //! ([`Position::from_batch`]).
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch};
@@ -234,11 +233,6 @@ impl Position {
         let keys = pk.encode_key_columns(&columns)?;
         Ok(Self::from_keys(&keys, 0))
     }
-
-    /// Compares an encoded key with this position.
-    pub fn cmp_key(&self, key: &[u8]) -> Ordering {
-        key.cmp(self.as_bytes())
-    }
 }
 
 /// The first row `i` whose key is not strictly greater than the key before it, if any.
@@ -252,6 +246,7 @@ pub fn first_unordered(keys: &BinaryArray) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cmp::Ordering;
     use arrow_array::{Float64Array, Int32Array, Int64Array, StringArray};
     use arrow_schema::Field;
 
@@ -698,7 +693,7 @@ mod tests {
                     RecordBatch::try_new(pk.key_schema().clone(), pk.key_columns(&batch)).unwrap();
                 for (i, row) in case.rows.iter().enumerate() {
                     let pos = Position::from_keys(&keys, i);
-                    prop_assert_eq!(pos.cmp_key(keys.value(i)), Ordering::Equal);
+                    prop_assert_eq!(pos.as_bytes(), keys.value(i));
                     let typed = pos.to_batch(&pk).unwrap();
                     prop_assert_eq!(typed.num_rows(), 1);
                     for (c, (kind, value)) in case.kinds.iter().zip(row).enumerate() {
