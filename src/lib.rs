@@ -31,8 +31,12 @@
 //! - [`table`]: table definitions (schema, key, distribution).
 //! - [`store`]: the versioned state store and its in-memory columnar implementation.
 //! - [`merge`]: the k-way merge of per-vnode snapshot streams.
-//! - [`backfill`]: progress, the upstream filter, the I/O-free core, the async executor and
-//!   the no-shuffle baseline.
+//! - [`backfill`]: progress, the upstream filter, the I/O-free core, the async executor, the
+//!   no-shuffle baseline and the row-at-a-time reference.
+//! - [`replay`]: datasets (manifest, Parquet snapshot and changelog), validation, generators
+//!   and output verification.
+//! - [`job`]: the replay job: source and materialize task, barrier injector, two-phase
+//!   Parquet sink.
 //!
 //! ## Example: a backfill inside an Arrow pipeline
 //!
