@@ -95,6 +95,17 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
 
+    /// Tells the merge's `config` about `batch`, the next batch of some input (checked to be
+    /// in key order, not empty), before a cursor is opened on it. True when the entries of
+    /// cursors opened before are now stale: the merge then [refreshes](Cursor::refresh) every
+    /// cursor and rebuilds the tree. (The row cursor narrows the bytes its prefixes skip.)
+    fn admit(_config: &mut Self::Config, _batch: &KeyedBatch) -> bool {
+        false
+    }
+
+    /// Brings a cursor opened before the last [`Cursor::admit`] up to date with `config`.
+    fn refresh(&mut self, _config: &Self::Config) {}
+
     /// The first row of `batch` whose key is not strictly above the one before it, judged
     /// the way this cursor compares (the input's order check, once per batch).
     fn first_unordered(config: &Self::Config, batch: &KeyedBatch) -> Option<usize>;
@@ -136,32 +147,130 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     ) -> usize;
 }
 
-/// A cursor over encoded keys. Its tree entry is the bare input index: a head is compared
-/// by looking up both cursors' key bytes (`memcmp`).
+/// What every row cursor of one merge shares: how many leading bytes all keys have in
+/// common, so that a [`KeyEntry`]'s prefix holds the 8 bytes after them.
+///
+/// Every key admitted to the merge starts with `reference[..skip]`. A batch is in key order
+/// (checked before it is admitted), so all its keys share the common prefix of its first and
+/// last key: admitting a batch is two prefix comparisons, not one per row. `skip` only
+/// shrinks; when it does, the prefixes of the entries already in the tree are stale and the
+/// merge recomputes them ([`Cursor::admit`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowConfig {
+    /// The first key admitted; empty before.
+    reference: Vec<u8>,
+    /// Leading bytes every admitted key shares with `reference`.
+    skip: usize,
+    /// False until a batch is admitted.
+    started: bool,
+}
+
+impl RowConfig {
+    /// Narrows `skip` to the bytes `batch`'s keys (in key order, not empty) share with every
+    /// key admitted before. True when `skip` shrank after the first batch.
+    fn admit(&mut self, keys: &BinaryArray) -> bool {
+        let (first, last) = (keys.value(0), keys.value(keys.len() - 1));
+        let shared = common_prefix(first, last);
+        if !self.started {
+            self.started = true;
+            self.reference = first[..shared].to_vec();
+            self.skip = shared;
+            return false;
+        }
+        let skip = self.skip.min(shared).min(common_prefix(&self.reference, first));
+        let shrank = skip < self.skip;
+        self.skip = skip;
+        shrank
+    }
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The 8 bytes of `key` from `skip` on (at most `key.len()`) as a big-endian `u64`,
+/// zero-padded when fewer remain.
+///
+/// Comparing prefixes never contradicts comparing the bytes: if `a < b` then
+/// `prefix(a) <= prefix(b)`. Either they differ at a byte before `skip + 8`, where the prefixes
+/// differ the same way, or later, where the prefixes are equal, or `a` is a proper prefix of
+/// `b`, where `a`'s padding zeros are at most `b`'s bytes. So different prefixes decide, and
+/// equal prefixes (a short key and a longer one with zeros there included) compare the bytes.
+/// This holds for any bytes; arrow-row keys of one schema are moreover prefix-free.
+#[inline]
+fn prefix(key: &[u8], skip: usize) -> u64 {
+    let tail = key.get(skip..).unwrap_or_default();
+    match tail.first_chunk::<8>() {
+        Some(bytes) => u64::from_be_bytes(*bytes),
+        None => {
+            let mut bytes = [0; 8];
+            bytes[..tail.len()].copy_from_slice(tail);
+            u64::from_be_bytes(bytes)
+        }
+    }
+}
+
+/// A cursor over encoded keys. Its tree entries are [`KeyEntry`]s whose key is the head's
+/// [`prefix`]: two entries with different prefixes rank by one integer comparison, and only
+/// equal prefixes look the heads up for a `memcmp`.
 #[derive(Debug)]
 pub(crate) struct RowCursor {
     keys: BinaryArray,
     row: usize,
+    /// [`RowConfig::skip`] when the cursor was opened or last refreshed.
+    skip: usize,
 }
 
 impl RowCursor {
     fn head(&self) -> &[u8] {
         self.keys.value(self.row)
     }
+
+    /// The entry of `input` whose head is `key`.
+    #[inline]
+    fn pack(&self, key: &[u8], input: usize) -> KeyEntry {
+        debug_assert!((input as u64) < EXHAUSTED);
+        KeyEntry {
+            key: prefix(key, self.skip),
+            tie: input as u64,
+        }
+    }
+
+    /// Whether `a` comes before `b` when their prefixes are equal: by the full key bytes,
+    /// then by input. Exhausted entries (see [`KeyEntry`]) rank by `tie` alone.
+    #[inline]
+    fn beats_on_bytes(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool {
+        if (a.tie | b.tie) & EXHAUSTED == 0
+            && let (Some(ca), Some(cb)) = (&cursors[a.input()], &cursors[b.input()])
+        {
+            return (ca.head(), a.tie) < (cb.head(), b.tie);
+        }
+        a.tie < b.tie
+    }
 }
 
 impl Cursor for RowCursor {
-    type Config = ();
-    type Entry = usize;
+    type Config = RowConfig;
+    type Entry = KeyEntry;
 
-    fn open(_: &(), batch: &KeyedBatch) -> Result<Self> {
+    fn open(config: &RowConfig, batch: &KeyedBatch) -> Result<Self> {
         Ok(Self {
             keys: batch.keys.clone(),
             row: 0,
+            skip: config.skip,
         })
     }
 
-    fn first_unordered(_: &(), batch: &KeyedBatch) -> Option<usize> {
+    fn admit(config: &mut RowConfig, batch: &KeyedBatch) -> bool {
+        config.admit(&batch.keys)
+    }
+
+    fn refresh(&mut self, config: &RowConfig) {
+        self.skip = config.skip;
+    }
+
+    fn first_unordered(_: &RowConfig, batch: &KeyedBatch) -> Option<usize> {
         first_unordered(&batch.keys)
     }
 
@@ -177,45 +286,51 @@ impl Cursor for RowCursor {
         self.row += n;
     }
 
-    fn entry(&self, input: usize) -> usize {
-        input
+    #[inline]
+    fn entry(&self, input: usize) -> KeyEntry {
+        self.pack(self.head(), input)
     }
 
-    fn exhausted(input: usize) -> usize {
-        input
-    }
-
-    fn input(entry: usize) -> usize {
-        entry
-    }
-
-    fn is_exhausted(entry: usize, cursors: &[Option<Self>]) -> bool {
-        cursors[entry].is_none()
+    fn exhausted(input: usize) -> KeyEntry {
+        KeyEntry::exhausted(input)
     }
 
     #[inline]
-    fn beats(a: usize, b: usize, cursors: &[Option<Self>]) -> bool {
-        match (&cursors[a], &cursors[b]) {
-            (Some(ca), Some(cb)) => (ca.head(), a) < (cb.head(), b),
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => a < b,
+    fn input(entry: KeyEntry) -> usize {
+        entry.input()
+    }
+
+    #[inline]
+    fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
+        entry.is_exhausted()
+    }
+
+    #[inline]
+    fn beats(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool {
+        if a.key != b.key {
+            return a.key < b.key;
         }
+        Self::beats_on_bytes(a, b, cursors)
     }
 
     fn rows_before(
         &self,
         input: usize,
-        bound: usize,
+        bound: KeyEntry,
         max: usize,
         cursors: &[Option<Self>],
     ) -> usize {
         let max = max.min(self.remaining());
-        let Some(other) = &cursors[bound] else {
+        let Some(other) = cursors[bound.input()].as_ref().filter(|_| !bound.is_exhausted()) else {
             return max;
         };
-        let bound = (other.head(), bound);
-        gallop(max, |i| (self.keys.value(self.row + i), input) < bound)
+        // Not `beats`: on equal prefixes that would look up this input's head, not row `i`.
+        let bound_key = (other.head(), bound.tie);
+        gallop(max, |i| {
+            let key = self.keys.value(self.row + i);
+            let prefix = prefix(key, self.skip);
+            prefix < bound.key || (prefix == bound.key && (key, input as u64) < bound_key)
+        })
     }
 }
 
@@ -310,6 +425,26 @@ impl KeyEntry {
     #[inline]
     fn rank(self) -> u128 {
         (u128::from(self.key) << 64) | u128::from(self.tie)
+    }
+
+    /// The entry of `input` once it is exhausted.
+    fn exhausted(input: usize) -> Self {
+        Self {
+            key: u64::MAX,
+            tie: EXHAUSTED | input as u64,
+        }
+    }
+
+    /// The input the entry belongs to.
+    #[inline]
+    fn input(self) -> usize {
+        (self.tie & !EXHAUSTED) as usize
+    }
+
+    /// True for an exhausted input's entry.
+    #[inline]
+    fn is_exhausted(self) -> bool {
+        self.tie & EXHAUSTED != 0
     }
 }
 
@@ -452,20 +587,17 @@ where
     }
 
     fn exhausted(input: usize) -> KeyEntry {
-        KeyEntry {
-            key: u64::MAX,
-            tie: EXHAUSTED | input as u64,
-        }
+        KeyEntry::exhausted(input)
     }
 
     #[inline]
     fn input(entry: KeyEntry) -> usize {
-        (entry.tie & !EXHAUSTED) as usize
+        entry.input()
     }
 
     #[inline]
     fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
-        entry.tie & EXHAUSTED != 0
+        entry.is_exhausted()
     }
 
     #[inline]
@@ -518,8 +650,12 @@ mod tests {
 
     /// With `a` as input 0 and `b` as input 1, for every pair of heads: `C` ranks them like
     /// `(encoded key, input)`, and counts the rows of `a` before `b`'s head likewise; an
-    /// exhausted input loses to a live one.
+    /// exhausted input loses to a live one. Both batches are admitted to `config` first.
     fn agrees_with_keys<C: Cursor>(config: &C::Config, a: &KeyedBatch, b: &KeyedBatch) {
+        let mut config = config.clone();
+        C::admit(&mut config, a);
+        C::admit(&mut config, b);
+        let config = &config;
         for ra in 0..a.num_rows() {
             for rb in 0..b.num_rows() {
                 let cursors = [Some(at::<C>(config, a, ra)), Some(at::<C>(config, b, rb))];
@@ -665,7 +801,7 @@ mod tests {
                 descending,
             };
             agrees_with_keys::<I32Cursor>(&config, &a, &b);
-            agrees_with_keys::<RowCursor>(&(), &a, &b);
+            agrees_with_keys::<RowCursor>(&RowConfig::default(), &a, &b);
         }
     }
 

@@ -35,7 +35,8 @@ use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
-    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowCursor,
+    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowConfig,
+    RowCursor,
     U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
@@ -112,7 +113,12 @@ impl<S: SnapshotScan> KWayMerge<S> {
         let vnodes = inputs.iter().map(|(v, _)| *v).collect();
         let builder = OutputBuilder::new(vnodes, batch_size, keys);
         let engine = match &kind {
-            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, builder, batch_size)),
+            CursorKind::Rows => Engine::Rows(Merge::new(
+                RowConfig::default(),
+                inputs,
+                builder,
+                batch_size,
+            )),
             CursorKind::Primitive {
                 column,
                 data_type,
@@ -186,6 +192,9 @@ struct Merge<S, C: Cursor> {
     schema: Option<SchemaRef>,
     /// Vnodes found exhausted since the last output.
     exhausted: Vec<VirtualNode>,
+    /// True when a batch was admitted that made the entries in the tree stale
+    /// ([`Cursor::admit`]): the tree must be rebuilt rather than replayed.
+    stale: bool,
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
@@ -210,6 +219,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             batch_size,
             schema: None,
             exhausted: Vec::new(),
+            stale: false,
         }
     }
 
@@ -235,11 +245,17 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         for input in 0..self.inputs.len() {
             self.fetch(input)?;
         }
+        self.play();
+        self.phase = Phase::Merging;
+        Ok(())
+    }
+
+    /// Builds the tree from every input's current entry.
+    fn play(&mut self) {
         let entries: Vec<C::Entry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
         let cursors = &self.cursors;
         self.tree = LoserTree::new(&entries, |a, b| C::beats(a, b, cursors));
-        self.phase = Phase::Merging;
-        Ok(())
+        self.stale = false;
     }
 
     /// The tree entry of `input`: its head, or its exhaustion.
@@ -285,10 +301,15 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                     self.fetch(input)?;
                 }
             }
-            let entry = self.entry(input);
-            let cursors = &self.cursors;
-            self.tree
-                .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            if self.stale {
+                // Rare: every entry changed, not only the winner's.
+                self.play();
+            } else {
+                let entry = self.entry(input);
+                let cursors = &self.cursors;
+                self.tree
+                    .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            }
             previous = Some(input);
         }
         Ok(())
@@ -300,6 +321,12 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
         match self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)? {
             Some(batch) => {
+                if C::admit(&mut self.config, &batch) {
+                    self.stale = true;
+                    for cursor in self.cursors.iter_mut().flatten() {
+                        cursor.refresh(&self.config);
+                    }
+                }
                 self.cursors[input] = Some(C::open(&self.config, &batch)?);
                 self.builder.push_batch(input, batch);
             }
