@@ -177,7 +177,10 @@ impl RowConfig {
             self.skip = shared;
             return false;
         }
-        let skip = self.skip.min(shared).min(common_prefix(&self.reference, first));
+        let skip = self
+            .skip
+            .min(shared)
+            .min(common_prefix(&self.reference, first));
         let shrank = skip < self.skip;
         self.skip = skip;
         shrank
@@ -321,7 +324,10 @@ impl Cursor for RowCursor {
         cursors: &[Option<Self>],
     ) -> usize {
         let max = max.min(self.remaining());
-        let Some(other) = cursors[bound.input()].as_ref().filter(|_| !bound.is_exhausted()) else {
+        let Some(other) = cursors[bound.input()]
+            .as_ref()
+            .filter(|_| !bound.is_exhausted())
+        else {
             return max;
         };
         // Not `beats`: on equal prefixes that would look up this input's head, not row `i`.
@@ -803,6 +809,187 @@ mod tests {
             agrees_with_keys::<I32Cursor>(&config, &a, &b);
             agrees_with_keys::<RowCursor>(&RowConfig::default(), &a, &b);
         }
+    }
+
+    /// Keys as raw bytes, for the row cursor (which never looks at the table rows).
+    fn raw_keys(keys: &[&[u8]]) -> KeyedBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int32, false)]));
+        let rows = Int32Array::from_iter_values(0..keys.len() as i32);
+        KeyedBatch {
+            batch: RecordBatch::try_new(schema, vec![Arc::new(rows)]).unwrap(),
+            keys: BinaryArray::from(keys.to_vec()),
+        }
+    }
+
+    /// Every pair of heads of inputs `0..n` (one per batch, all admitted to one config),
+    /// exhausted inputs `n..n + 2` included, ranks like `(exhausted, key bytes, input)`;
+    /// and `rows_before` counts like the bytes do.
+    fn row_entries_agree_with_bytes(batches: &[KeyedBatch]) {
+        let mut config = RowConfig::default();
+        for batch in batches {
+            RowCursor::admit(&mut config, batch);
+        }
+        // (cursors, the unpacked rank of each input's head)
+        let heads = |rows: &[usize]| {
+            let mut cursors: Vec<Option<RowCursor>> = (batches.iter().zip(rows))
+                .map(|(b, &r)| Some(at::<RowCursor>(&config, b, r)))
+                .collect();
+            cursors.extend([None, None]);
+            cursors
+        };
+        let rank = |batch: Option<&KeyedBatch>, row: usize, input: usize| match batch {
+            Some(b) => (false, b.keys.value(row).to_vec(), input),
+            None => (true, Vec::new(), input),
+        };
+        let n = batches.len();
+        for first in 0..n {
+            for row in 0..batches[first].num_rows() {
+                // Input `first` at `row`, every other input at each of its rows in turn.
+                for other in 0..n + 2 {
+                    let other_rows = batches.get(other).map_or(1, KeyedBatch::num_rows);
+                    for other_row in 0..other_rows {
+                        if other == first {
+                            continue;
+                        }
+                        let mut rows = vec![0; n];
+                        rows[first] = row;
+                        if other < n {
+                            rows[other] = other_row;
+                        }
+                        let cursors = heads(&rows);
+                        let entry = |i: usize| match &cursors[i] {
+                            Some(c) => c.entry(i),
+                            None => RowCursor::exhausted(i),
+                        };
+                        let (a, b) = (entry(first), entry(other));
+                        let ra = rank(Some(&batches[first]), row, first);
+                        let rb = rank(batches.get(other), other_row, other);
+                        let what = format!("{ra:?} vs {rb:?}, skip {}", config.skip);
+                        assert_eq!(RowCursor::beats(a, b, &cursors), ra < rb, "{what}");
+                        assert_eq!(RowCursor::beats(b, a, &cursors), rb < ra, "{what}");
+                        assert_eq!(RowCursor::is_exhausted(b, &cursors), other >= n);
+                        assert_eq!((RowCursor::input(a), RowCursor::input(b)), (first, other));
+                        if ra < rb {
+                            let head = cursors[first].as_ref().unwrap();
+                            let before = (row..batches[first].num_rows())
+                                .take_while(|&r| rank(Some(&batches[first]), r, first) < rb)
+                                .count();
+                            assert_eq!(head.rows_before(first, b, 100, &cursors), before, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_prefix_entries_rank_like_the_bytes() {
+        // Shorter than 8 bytes, prefixes of each other, zero tails that pad like the
+        // padding, equal 8-byte prefixes with different tails, all-0xFF prefixes.
+        let a: &[&[u8]] = &[
+            b"",
+            b"\0",
+            b"\0\0\0\0\0\0\0\0",
+            b"\0\0\0\0\0\0\0\0\0",
+            b"\x01",
+        ];
+        let b: &[&[u8]] = &[
+            b"\0\0",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x00",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x0a\x00",
+        ];
+        let c: &[&[u8]] = &[
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+            b"\x01\x02\x03\x04\x05\x06\x07\x09",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\x00",
+        ];
+        row_entries_agree_with_bytes(&[raw_keys(a), raw_keys(b), raw_keys(c)]);
+        // Keys sharing leading bytes, so the prefixes skip them: with and without a batch
+        // that narrows the skip.
+        let d: &[&[u8]] = &[
+            b"\x07\x07\x07\x00",
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+        ];
+        let e: &[&[u8]] = &[
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08",
+            b"\x07\x07\x07\x02",
+        ];
+        let f: &[&[u8]] = &[
+            b"\x07\x07\x06",
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08\x08",
+        ];
+        row_entries_agree_with_bytes(&[raw_keys(d), raw_keys(e)]);
+        row_entries_agree_with_bytes(&[raw_keys(d), raw_keys(e), raw_keys(f)]);
+    }
+
+    #[test]
+    fn row_prefix_entries_rank_composite_keys_with_nulls_and_descending_columns() {
+        // (s Utf8 asc, i Int32 desc, nulls largest), and (i Int32 desc nulls first, s asc):
+        // many heads share their first 8 bytes.
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8, true),
+            Field::new("i", DataType::Int32, true),
+        ]));
+        let rows = |s: Vec<Option<&str>>, i: Vec<Option<i32>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from(s)),
+                    Arc::new(Int32Array::from(i)),
+                ],
+            )
+            .unwrap()
+        };
+        let orders = [
+            vec![KeyColumn::asc("s"), KeyColumn::desc("i")],
+            vec![
+                KeyColumn::desc("i").with_nulls_first(true),
+                KeyColumn::asc("s"),
+            ],
+        ];
+        for columns in orders {
+            let pk = PrimaryKey::new(&schema, columns).unwrap();
+            let sorted = |batch: RecordBatch| {
+                let keys = pk.encode(&batch).unwrap();
+                let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
+                order.sort_by_key(|&r| keys.value(r as usize).to_vec());
+                let batch = arrow_select::take::take_record_batch(
+                    &batch,
+                    &arrow_array::UInt32Array::from(order),
+                );
+                keyed(&pk, batch.unwrap())
+            };
+            let long = "a long string past eight bytes";
+            let a = sorted(rows(
+                vec![None, Some(""), Some("a"), Some(long), Some("a"), None],
+                vec![Some(1), Some(1), None, Some(2), Some(-7), None],
+            ));
+            let b = sorted(rows(
+                vec![Some("a"), Some(long), Some("b"), None, Some("")],
+                vec![Some(1), None, Some(3), Some(1), None],
+            ));
+            row_entries_agree_with_bytes(&[a, b]);
+        }
+    }
+
+    #[test]
+    fn the_skip_shrinks_to_the_bytes_every_admitted_key_shares() {
+        let mut config = RowConfig::default();
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abcx"[..], b"abcy"])));
+        assert_eq!(config.skip, 3);
+        // Inside the shared bytes: nothing changes. A single key keeps them too.
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abca"[..], b"abcz"])));
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abc"[..]])));
+        assert_eq!(config.skip, 3);
+        // A batch whose own keys share less, or that starts elsewhere: entries are stale.
+        assert!(config.admit(&BinaryArray::from(vec![&b"abd"[..], b"abz"])));
+        assert_eq!(config.skip, 2);
+        assert!(config.admit(&BinaryArray::from(vec![&b"b"[..]])));
+        assert_eq!(config.skip, 0);
+        assert!(!config.admit(&BinaryArray::from(vec![&b""[..], b"c"])));
     }
 
     #[test]

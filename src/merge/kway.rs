@@ -36,8 +36,7 @@ use crate::key::PrimaryKey;
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
     Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowConfig,
-    RowCursor,
-    U8Cursor, U16Cursor, U32Cursor, U64Cursor,
+    RowCursor, U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
