@@ -392,7 +392,13 @@ mod tests {
     #[test]
     fn fuzz_against_a_sort_oracle() {
         let mut seed = 0;
-        for shape in [KeyShape::Int, KeyShape::NullableInt, KeyShape::Composite] {
+        let shapes = [
+            KeyShape::Int,
+            KeyShape::NullableInt,
+            KeyShape::Composite,
+            KeyShape::FewPrefixes,
+        ];
+        for shape in shapes {
             for num_inputs in [1, 16, 256] {
                 for batch_size in [1, 2, 7, 1024] {
                     for _ in 0..2 {
@@ -415,7 +421,7 @@ mod tests {
     #[test]
     fn clustered_keys_merge_in_runs_like_a_sort() {
         let mut seed = 1000;
-        for shape in [KeyShape::Int, KeyShape::Composite] {
+        for shape in [KeyShape::Int, KeyShape::Composite, KeyShape::FewPrefixes] {
             for num_inputs in [1, 2, 16] {
                 for batch_size in [1, 7, 64, 1024] {
                     seed += 1;
