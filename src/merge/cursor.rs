@@ -5,23 +5,34 @@
 //!
 //! ```text
 //!   RowCursor: encoded keys (BinaryArray)          PrimitiveCursor<Int64Type>: the key column
-//!   head -> 80 00 .. 01 | 61 02 ..   memcmp       head -> 17              native `Ord`,
-//!           80 00 .. 01 | 62 02 ..                        42              reversed when
-//!           80 00 .. 05 | 61 02 ..                        99              descending
+//!   head -> 01 80 00 00 00 | 00 01 2c | 01 ..      head -> 17              native `Ord`,
+//!           01 80 00 00 00 | 00 01 2d | 01 ..              42              reversed when
+//!           01 80 00 00 00 | 00 02 00 | 01 ..              99              descending
+//!           `-- skip: bytes -'`- prefix: the next 8 bytes as a u64,
+//!            every key shares    then memcmp only when two prefixes are equal
 //! ```
 //!
-//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`). Its
-//!   entry is the input index; ranking two looks up both cursors' heads.
+//! Both kinds put a [`KeyEntry`] in the tree: a `u64` key that orders like the keys (or, for
+//! rows, never contradicts them), and the input index.
 //! - [`PrimitiveCursor`] is the fast path for a key of one non-nullable integer column: it
 //!   maps the column's native values to order-preserving `u64`s, no bytes, no length prefix.
-//!   Its entry ([`KeyEntry`]) carries the head key, so the tree ranks two entries with one
-//!   `u128` comparison and never looks at a cursor. Chosen by
-//!   [`CursorKind::for_key`]; a nullable column falls back to rows, so NULL ordering is only
-//!   ever decided by arrow-row.
+//!   The entry's key *is* the head key, so the tree ranks two entries with one `u128`
+//!   comparison and never looks at a cursor. Chosen by [`CursorKind::for_key`]; a nullable
+//!   column falls back to rows, so NULL ordering is only ever decided by arrow-row.
+//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`). Its
+//!   entry's key is a *normalized key prefix*: 8 bytes of the head as a big-endian `u64`.
+//!   Different prefixes rank with one integer comparison; equal ones look both cursors'
+//!   heads up and compare the bytes. Which 8 bytes matters: arrow-row puts a validity byte
+//!   before each value and a small integer's high bytes are zeros, so the *first* 8 bytes of
+//!   the keys 0..1M as `Int64` only tell apart `k >> 8`, and nearly every comparison of nearby
+//!   heads was a tie (no faster than plain `memcmp` in `benches/merge.rs`). So the prefix
+//!   starts after the leading bytes every key of the merge shares ([`RowConfig`]), learned
+//!   from the batches as they arrive; when a batch narrows them, the merge recomputes every
+//!   entry.
 //!
 //! **Why a trait, not an enum.** Every input of one merge uses the same kind, decided once
 //! from the key. A generic [`Cursor`] lets the merge loop and the loser tree be compiled once
-//! per kind, so the hot comparison is a direct `u128` (or `memcmp`) compare with no per-row
+//! per kind, so the hot comparison is a direct `u128` (or prefix, then `memcmp`) compare with no per-row
 //! `match` on two cursors' kinds. The merge picks the monomorphized instance once, at
 //! construction.
 
@@ -308,6 +319,7 @@ impl Cursor for RowCursor {
         entry.is_exhausted()
     }
 
+    /// Different prefixes decide (see [`prefix`]); equal ones compare the heads' bytes.
     #[inline]
     fn beats(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool {
         if a.key != b.key {
@@ -403,10 +415,12 @@ macro_rules! order_bits {
 order_bits!(signed: i8, i16, i32, i64; unsigned: u8, u16, u32, u64);
 
 /// A [`PrimitiveCursor`]'s tree entry: its whole rank in two words, compared as one `u128`
-/// (`key` high, `tie` low) with a plain `<`:
+/// (`key` high, `tie` low) with a plain `<` (for [`RowCursor`], whose key is a prefix, only
+/// when the keys differ: see [`RowCursor::beats`]):
 ///
 /// ```text
 ///   key: the head's OrderBits, inverted when descending      u64::MAX once exhausted
+///        (RowCursor: the head's prefix)
 ///   tie: the input index                                      with bit 63 set once exhausted
 /// ```
 ///
