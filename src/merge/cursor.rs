@@ -296,8 +296,17 @@ impl Cursor for RowCursor {
         self.keys.len().saturating_sub(self.row)
     }
 
+    /// Also prefetches the offsets and the key bytes a cache line ahead, as
+    /// [`PrimitiveCursor::advance`] does.
+    #[inline]
     fn advance(&mut self, n: usize) {
         self.row += n;
+        let offsets = self.keys.value_offsets();
+        let ahead = offsets.get(self.row + PREFETCH_AHEAD).or(offsets.last());
+        if let Some(&start) = ahead {
+            prefetch(self.keys.values().as_ptr().wrapping_add(start as usize));
+        }
+        prefetch(offsets.as_ptr().wrapping_add(self.row + 2 * PREFETCH_AHEAD));
     }
 
     #[inline]
