@@ -86,8 +86,11 @@ impl<S: SnapshotScan> KWayMerge<S> {
     /// ([`CursorKind::for_key`]).
     pub fn new(pk: &PrimaryKey, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
         let kind = CursorKind::for_key(pk);
+        // Re-encoding output keys beats gathering them when every column is fixed-width.
+        let fixed_width = (pk.key_schema().fields().iter()).all(|f| f.data_type().is_primitive());
         let keys = match kind {
             CursorKind::Primitive { .. } => OutputKeys::Encode(pk.clone()),
+            CursorKind::Rows if fixed_width => OutputKeys::Encode(pk.clone()),
             CursorKind::Rows => OutputKeys::Gather,
         };
         Self::with_cursor(kind, keys, inputs, batch_size)
