@@ -246,9 +246,9 @@ pub fn first_unordered(keys: &BinaryArray) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cmp::Ordering;
     use arrow_array::{Float64Array, Int32Array, Int64Array, StringArray};
     use arrow_schema::Field;
+    use std::cmp::Ordering;
 
     fn table() -> SchemaRef {
         Arc::new(Schema::new(vec![

@@ -5,23 +5,34 @@
 //!
 //! ```text
 //!   RowCursor: encoded keys (BinaryArray)          PrimitiveCursor<Int64Type>: the key column
-//!   head -> 80 00 .. 01 | 61 02 ..   memcmp       head -> 17              native `Ord`,
-//!           80 00 .. 01 | 62 02 ..                        42              reversed when
-//!           80 00 .. 05 | 61 02 ..                        99              descending
+//!   head -> 01 80 00 00 00 | 00 01 2c | 01 ..      head -> 17              native `Ord`,
+//!           01 80 00 00 00 | 00 01 2d | 01 ..              42              reversed when
+//!           01 80 00 00 00 | 00 02 00 | 01 ..              99              descending
+//!           `-- skip: bytes -'`- prefix: the next 8 bytes as a u64,
+//!            every key shares    then memcmp only when two prefixes are equal
 //! ```
 //!
-//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`). Its
-//!   entry is the input index; ranking two looks up both cursors' heads.
+//! Both kinds put a [`KeyEntry`] in the tree: a `u64` key that orders like the keys (or, for
+//! rows, never contradicts them), and the input index.
 //! - [`PrimitiveCursor`] is the fast path for a key of one non-nullable integer column: it
 //!   maps the column's native values to order-preserving `u64`s, no bytes, no length prefix.
-//!   Its entry ([`KeyEntry`]) carries the head key, so the tree ranks two entries with one
-//!   `u128` comparison and never looks at a cursor. Chosen by
-//!   [`CursorKind::for_key`]; a nullable column falls back to rows, so NULL ordering is only
-//!   ever decided by arrow-row.
+//!   The entry's key *is* the head key, so the tree ranks two entries with one `u128`
+//!   comparison and never looks at a cursor. Chosen by [`CursorKind::for_key`]; a nullable
+//!   column falls back to rows, so NULL ordering is only ever decided by arrow-row.
+//! - [`RowCursor`] works for every key: arrow-row bytes compare like the keys (`memcmp`). Its
+//!   entry's key is a *normalized key prefix*: 8 bytes of the head as a big-endian `u64`.
+//!   Different prefixes rank with one integer comparison; equal ones look both cursors'
+//!   heads up and compare the bytes. Which 8 bytes matters: arrow-row puts a validity byte
+//!   before each value and a small integer's high bytes are zeros, so the *first* 8 bytes of
+//!   the keys 0..1M as `Int64` only tell apart `k >> 8`, and nearly every comparison of nearby
+//!   heads was a tie (no faster than plain `memcmp` in `benches/merge.rs`). So the prefix
+//!   starts after the leading bytes every key of the merge shares ([`RowConfig`]), learned
+//!   from the batches as they arrive; when a batch narrows them, the merge recomputes every
+//!   entry.
 //!
 //! **Why a trait, not an enum.** Every input of one merge uses the same kind, decided once
 //! from the key. A generic [`Cursor`] lets the merge loop and the loser tree be compiled once
-//! per kind, so the hot comparison is a direct `u128` (or `memcmp`) compare with no per-row
+//! per kind, so the hot comparison is a direct `u128` (or prefix, then `memcmp`) compare with no per-row
 //! `match` on two cursors' kinds. The merge picks the monomorphized instance once, at
 //! construction.
 
@@ -95,6 +106,17 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
 
+    /// Tells the merge's `config` about `batch`, the next batch of some input (checked to be
+    /// in key order, not empty), before a cursor is opened on it. True when the entries of
+    /// cursors opened before are now stale: the merge then [refreshes](Cursor::refresh) every
+    /// cursor and rebuilds the tree. (The row cursor narrows the bytes its prefixes skip.)
+    fn admit(_config: &mut Self::Config, _batch: &KeyedBatch) -> bool {
+        false
+    }
+
+    /// Brings a cursor opened before the last [`Cursor::admit`] up to date with `config`.
+    fn refresh(&mut self, _config: &Self::Config) {}
+
     /// The first row of `batch` whose key is not strictly above the one before it, judged
     /// the way this cursor compares (the input's order check, once per batch).
     fn first_unordered(config: &Self::Config, batch: &KeyedBatch) -> Option<usize>;
@@ -136,32 +158,133 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     ) -> usize;
 }
 
-/// A cursor over encoded keys. Its tree entry is the bare input index: a head is compared
-/// by looking up both cursors' key bytes (`memcmp`).
+/// What every row cursor of one merge shares: how many leading bytes all keys have in
+/// common, so that a [`KeyEntry`]'s prefix holds the 8 bytes after them.
+///
+/// Every key admitted to the merge starts with `reference[..skip]`. A batch is in key order
+/// (checked before it is admitted), so all its keys share the common prefix of its first and
+/// last key: admitting a batch is two prefix comparisons, not one per row. `skip` only
+/// shrinks; when it does, the prefixes of the entries already in the tree are stale and the
+/// merge recomputes them ([`Cursor::admit`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowConfig {
+    /// The first key admitted; empty before.
+    reference: Vec<u8>,
+    /// Leading bytes every admitted key shares with `reference`.
+    skip: usize,
+    /// False until a batch is admitted.
+    started: bool,
+}
+
+impl RowConfig {
+    /// Narrows `skip` to the bytes `batch`'s keys (in key order, not empty) share with every
+    /// key admitted before. True when `skip` shrank after the first batch.
+    fn admit(&mut self, keys: &BinaryArray) -> bool {
+        let (first, last) = (keys.value(0), keys.value(keys.len() - 1));
+        let shared = common_prefix(first, last);
+        if !self.started {
+            self.started = true;
+            self.reference = first[..shared].to_vec();
+            self.skip = shared;
+            return false;
+        }
+        let skip = self
+            .skip
+            .min(shared)
+            .min(common_prefix(&self.reference, first));
+        let shrank = skip < self.skip;
+        self.skip = skip;
+        shrank
+    }
+}
+
+/// The length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The 8 bytes of `key` from `skip` on (at most `key.len()`) as a big-endian `u64`,
+/// zero-padded when fewer remain.
+///
+/// Comparing prefixes never contradicts comparing the bytes: if `a < b` then
+/// `prefix(a) <= prefix(b)`. Either they differ at a byte before `skip + 8`, where the prefixes
+/// differ the same way, or later, where the prefixes are equal, or `a` is a proper prefix of
+/// `b`, where `a`'s padding zeros are at most `b`'s bytes. So different prefixes decide, and
+/// equal prefixes (a short key and a longer one with zeros there included) compare the bytes.
+/// This holds for any bytes; arrow-row keys of one schema are moreover prefix-free.
+#[inline]
+fn prefix(key: &[u8], skip: usize) -> u64 {
+    let tail = key.get(skip..).unwrap_or_default();
+    match tail.first_chunk::<8>() {
+        Some(bytes) => u64::from_be_bytes(*bytes),
+        None => {
+            let mut bytes = [0; 8];
+            bytes[..tail.len()].copy_from_slice(tail);
+            u64::from_be_bytes(bytes)
+        }
+    }
+}
+
+/// A cursor over encoded keys. Its tree entries are [`KeyEntry`]s whose key is the head's
+/// [`prefix`]: two entries with different prefixes rank by one integer comparison, and only
+/// equal prefixes look the heads up for a `memcmp`.
 #[derive(Debug)]
 pub(crate) struct RowCursor {
     keys: BinaryArray,
     row: usize,
+    /// [`RowConfig::skip`] when the cursor was opened or last refreshed.
+    skip: usize,
 }
 
 impl RowCursor {
     fn head(&self) -> &[u8] {
         self.keys.value(self.row)
     }
+
+    /// The entry of `input` whose head is `key`.
+    #[inline]
+    fn pack(&self, key: &[u8], input: usize) -> KeyEntry {
+        debug_assert!((input as u64) < EXHAUSTED);
+        KeyEntry {
+            key: prefix(key, self.skip),
+            tie: input as u64,
+        }
+    }
+
+    /// Whether `a` comes before `b` when their prefixes are equal: by the full key bytes,
+    /// then by input. Exhausted entries (see [`KeyEntry`]) rank by `tie` alone.
+    #[inline]
+    fn beats_on_bytes(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool {
+        if (a.tie | b.tie) & EXHAUSTED == 0
+            && let (Some(ca), Some(cb)) = (&cursors[a.input()], &cursors[b.input()])
+        {
+            return (ca.head(), a.tie) < (cb.head(), b.tie);
+        }
+        a.tie < b.tie
+    }
 }
 
 impl Cursor for RowCursor {
-    type Config = ();
-    type Entry = usize;
+    type Config = RowConfig;
+    type Entry = KeyEntry;
 
-    fn open(_: &(), batch: &KeyedBatch) -> Result<Self> {
+    fn open(config: &RowConfig, batch: &KeyedBatch) -> Result<Self> {
         Ok(Self {
             keys: batch.keys.clone(),
             row: 0,
+            skip: config.skip,
         })
     }
 
-    fn first_unordered(_: &(), batch: &KeyedBatch) -> Option<usize> {
+    fn admit(config: &mut RowConfig, batch: &KeyedBatch) -> bool {
+        config.admit(&batch.keys)
+    }
+
+    fn refresh(&mut self, config: &RowConfig) {
+        self.skip = config.skip;
+    }
+
+    fn first_unordered(_: &RowConfig, batch: &KeyedBatch) -> Option<usize> {
         first_unordered(&batch.keys)
     }
 
@@ -173,49 +296,68 @@ impl Cursor for RowCursor {
         self.keys.len().saturating_sub(self.row)
     }
 
+    /// Also prefetches the offsets and the key bytes a cache line ahead, as
+    /// [`PrimitiveCursor::advance`] does.
+    #[inline]
     fn advance(&mut self, n: usize) {
         self.row += n;
-    }
-
-    fn entry(&self, input: usize) -> usize {
-        input
-    }
-
-    fn exhausted(input: usize) -> usize {
-        input
-    }
-
-    fn input(entry: usize) -> usize {
-        entry
-    }
-
-    fn is_exhausted(entry: usize, cursors: &[Option<Self>]) -> bool {
-        cursors[entry].is_none()
+        let offsets = self.keys.value_offsets();
+        let ahead = offsets.get(self.row + PREFETCH_AHEAD).or(offsets.last());
+        if let Some(&start) = ahead {
+            prefetch(self.keys.values().as_ptr().wrapping_add(start as usize));
+        }
+        prefetch(offsets.as_ptr().wrapping_add(self.row + 2 * PREFETCH_AHEAD));
     }
 
     #[inline]
-    fn beats(a: usize, b: usize, cursors: &[Option<Self>]) -> bool {
-        match (&cursors[a], &cursors[b]) {
-            (Some(ca), Some(cb)) => (ca.head(), a) < (cb.head(), b),
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => a < b,
+    fn entry(&self, input: usize) -> KeyEntry {
+        self.pack(self.head(), input)
+    }
+
+    fn exhausted(input: usize) -> KeyEntry {
+        KeyEntry::exhausted(input)
+    }
+
+    #[inline]
+    fn input(entry: KeyEntry) -> usize {
+        entry.input()
+    }
+
+    #[inline]
+    fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
+        entry.is_exhausted()
+    }
+
+    /// Different prefixes decide (see [`prefix`]); equal ones compare the heads' bytes.
+    #[inline]
+    fn beats(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool {
+        if a.key != b.key {
+            return a.key < b.key;
         }
+        Self::beats_on_bytes(a, b, cursors)
     }
 
     fn rows_before(
         &self,
         input: usize,
-        bound: usize,
+        bound: KeyEntry,
         max: usize,
         cursors: &[Option<Self>],
     ) -> usize {
         let max = max.min(self.remaining());
-        let Some(other) = &cursors[bound] else {
+        let Some(other) = cursors[bound.input()]
+            .as_ref()
+            .filter(|_| !bound.is_exhausted())
+        else {
             return max;
         };
-        let bound = (other.head(), bound);
-        gallop(max, |i| (self.keys.value(self.row + i), input) < bound)
+        // Not `beats`: on equal prefixes that would look up this input's head, not row `i`.
+        let bound_key = (other.head(), bound.tie);
+        gallop(max, |i| {
+            let key = self.keys.value(self.row + i);
+            let prefix = prefix(key, self.skip);
+            prefix < bound.key || (prefix == bound.key && (key, input as u64) < bound_key)
+        })
     }
 }
 
@@ -282,10 +424,12 @@ macro_rules! order_bits {
 order_bits!(signed: i8, i16, i32, i64; unsigned: u8, u16, u32, u64);
 
 /// A [`PrimitiveCursor`]'s tree entry: its whole rank in two words, compared as one `u128`
-/// (`key` high, `tie` low) with a plain `<`:
+/// (`key` high, `tie` low) with a plain `<` (for [`RowCursor`], whose key is a prefix, only
+/// when the keys differ: see [`RowCursor::beats`]):
 ///
 /// ```text
 ///   key: the head's OrderBits, inverted when descending      u64::MAX once exhausted
+///        (RowCursor: the head's prefix)
 ///   tie: the input index                                      with bit 63 set once exhausted
 /// ```
 ///
@@ -310,6 +454,26 @@ impl KeyEntry {
     #[inline]
     fn rank(self) -> u128 {
         (u128::from(self.key) << 64) | u128::from(self.tie)
+    }
+
+    /// The entry of `input` once it is exhausted.
+    fn exhausted(input: usize) -> Self {
+        Self {
+            key: u64::MAX,
+            tie: EXHAUSTED | input as u64,
+        }
+    }
+
+    /// The input the entry belongs to.
+    #[inline]
+    fn input(self) -> usize {
+        (self.tie & !EXHAUSTED) as usize
+    }
+
+    /// True for an exhausted input's entry.
+    #[inline]
+    fn is_exhausted(self) -> bool {
+        self.tie & EXHAUSTED != 0
     }
 }
 
@@ -452,20 +616,17 @@ where
     }
 
     fn exhausted(input: usize) -> KeyEntry {
-        KeyEntry {
-            key: u64::MAX,
-            tie: EXHAUSTED | input as u64,
-        }
+        KeyEntry::exhausted(input)
     }
 
     #[inline]
     fn input(entry: KeyEntry) -> usize {
-        (entry.tie & !EXHAUSTED) as usize
+        entry.input()
     }
 
     #[inline]
     fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
-        entry.tie & EXHAUSTED != 0
+        entry.is_exhausted()
     }
 
     #[inline]
@@ -518,8 +679,12 @@ mod tests {
 
     /// With `a` as input 0 and `b` as input 1, for every pair of heads: `C` ranks them like
     /// `(encoded key, input)`, and counts the rows of `a` before `b`'s head likewise; an
-    /// exhausted input loses to a live one.
+    /// exhausted input loses to a live one. Both batches are admitted to `config` first.
     fn agrees_with_keys<C: Cursor>(config: &C::Config, a: &KeyedBatch, b: &KeyedBatch) {
+        let mut config = config.clone();
+        C::admit(&mut config, a);
+        C::admit(&mut config, b);
+        let config = &config;
         for ra in 0..a.num_rows() {
             for rb in 0..b.num_rows() {
                 let cursors = [Some(at::<C>(config, a, ra)), Some(at::<C>(config, b, rb))];
@@ -665,8 +830,189 @@ mod tests {
                 descending,
             };
             agrees_with_keys::<I32Cursor>(&config, &a, &b);
-            agrees_with_keys::<RowCursor>(&(), &a, &b);
+            agrees_with_keys::<RowCursor>(&RowConfig::default(), &a, &b);
         }
+    }
+
+    /// Keys as raw bytes, for the row cursor (which never looks at the table rows).
+    fn raw_keys(keys: &[&[u8]]) -> KeyedBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("i", DataType::Int32, false)]));
+        let rows = Int32Array::from_iter_values(0..keys.len() as i32);
+        KeyedBatch {
+            batch: RecordBatch::try_new(schema, vec![Arc::new(rows)]).unwrap(),
+            keys: BinaryArray::from(keys.to_vec()),
+        }
+    }
+
+    /// Every pair of heads of inputs `0..n` (one per batch, all admitted to one config),
+    /// exhausted inputs `n..n + 2` included, ranks like `(exhausted, key bytes, input)`;
+    /// and `rows_before` counts like the bytes do.
+    fn row_entries_agree_with_bytes(batches: &[KeyedBatch]) {
+        let mut config = RowConfig::default();
+        for batch in batches {
+            RowCursor::admit(&mut config, batch);
+        }
+        // (cursors, the unpacked rank of each input's head)
+        let heads = |rows: &[usize]| {
+            let mut cursors: Vec<Option<RowCursor>> = (batches.iter().zip(rows))
+                .map(|(b, &r)| Some(at::<RowCursor>(&config, b, r)))
+                .collect();
+            cursors.extend([None, None]);
+            cursors
+        };
+        let rank = |batch: Option<&KeyedBatch>, row: usize, input: usize| match batch {
+            Some(b) => (false, b.keys.value(row).to_vec(), input),
+            None => (true, Vec::new(), input),
+        };
+        let n = batches.len();
+        for first in 0..n {
+            for row in 0..batches[first].num_rows() {
+                // Input `first` at `row`, every other input at each of its rows in turn.
+                for other in 0..n + 2 {
+                    let other_rows = batches.get(other).map_or(1, KeyedBatch::num_rows);
+                    for other_row in 0..other_rows {
+                        if other == first {
+                            continue;
+                        }
+                        let mut rows = vec![0; n];
+                        rows[first] = row;
+                        if other < n {
+                            rows[other] = other_row;
+                        }
+                        let cursors = heads(&rows);
+                        let entry = |i: usize| match &cursors[i] {
+                            Some(c) => c.entry(i),
+                            None => RowCursor::exhausted(i),
+                        };
+                        let (a, b) = (entry(first), entry(other));
+                        let ra = rank(Some(&batches[first]), row, first);
+                        let rb = rank(batches.get(other), other_row, other);
+                        let what = format!("{ra:?} vs {rb:?}, skip {}", config.skip);
+                        assert_eq!(RowCursor::beats(a, b, &cursors), ra < rb, "{what}");
+                        assert_eq!(RowCursor::beats(b, a, &cursors), rb < ra, "{what}");
+                        assert_eq!(RowCursor::is_exhausted(b, &cursors), other >= n);
+                        assert_eq!((RowCursor::input(a), RowCursor::input(b)), (first, other));
+                        if ra < rb {
+                            let head = cursors[first].as_ref().unwrap();
+                            let before = (row..batches[first].num_rows())
+                                .take_while(|&r| rank(Some(&batches[first]), r, first) < rb)
+                                .count();
+                            assert_eq!(head.rows_before(first, b, 100, &cursors), before, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_prefix_entries_rank_like_the_bytes() {
+        // Shorter than 8 bytes, prefixes of each other, zero tails that pad like the
+        // padding, equal 8-byte prefixes with different tails, all-0xFF prefixes.
+        let a: &[&[u8]] = &[
+            b"",
+            b"\0",
+            b"\0\0\0\0\0\0\0\0",
+            b"\0\0\0\0\0\0\0\0\0",
+            b"\x01",
+        ];
+        let b: &[&[u8]] = &[
+            b"\0\0",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x00",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x0a\x00",
+        ];
+        let c: &[&[u8]] = &[
+            b"\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+            b"\x01\x02\x03\x04\x05\x06\x07\x09",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\x00",
+        ];
+        row_entries_agree_with_bytes(&[raw_keys(a), raw_keys(b), raw_keys(c)]);
+        // Keys sharing leading bytes, so the prefixes skip them: with and without a batch
+        // that narrows the skip.
+        let d: &[&[u8]] = &[
+            b"\x07\x07\x07\x00",
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08\x09",
+        ];
+        let e: &[&[u8]] = &[
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08",
+            b"\x07\x07\x07\x02",
+        ];
+        let f: &[&[u8]] = &[
+            b"\x07\x07\x06",
+            b"\x07\x07\x07\x01\x02\x03\x04\x05\x06\x07\x08\x08",
+        ];
+        row_entries_agree_with_bytes(&[raw_keys(d), raw_keys(e)]);
+        row_entries_agree_with_bytes(&[raw_keys(d), raw_keys(e), raw_keys(f)]);
+    }
+
+    #[test]
+    fn row_prefix_entries_rank_composite_keys_with_nulls_and_descending_columns() {
+        // (s Utf8 asc, i Int32 desc, nulls largest), and (i Int32 desc nulls first, s asc):
+        // many heads share their first 8 bytes.
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8, true),
+            Field::new("i", DataType::Int32, true),
+        ]));
+        let rows = |s: Vec<Option<&str>>, i: Vec<Option<i32>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from(s)),
+                    Arc::new(Int32Array::from(i)),
+                ],
+            )
+            .unwrap()
+        };
+        let orders = [
+            vec![KeyColumn::asc("s"), KeyColumn::desc("i")],
+            vec![
+                KeyColumn::desc("i").with_nulls_first(true),
+                KeyColumn::asc("s"),
+            ],
+        ];
+        for columns in orders {
+            let pk = PrimaryKey::new(&schema, columns).unwrap();
+            let sorted = |batch: RecordBatch| {
+                let keys = pk.encode(&batch).unwrap();
+                let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
+                order.sort_by_key(|&r| keys.value(r as usize).to_vec());
+                let batch = arrow_select::take::take_record_batch(
+                    &batch,
+                    &arrow_array::UInt32Array::from(order),
+                );
+                keyed(&pk, batch.unwrap())
+            };
+            let long = "a long string past eight bytes";
+            let a = sorted(rows(
+                vec![None, Some(""), Some("a"), Some(long), Some("a"), None],
+                vec![Some(1), Some(1), None, Some(2), Some(-7), None],
+            ));
+            let b = sorted(rows(
+                vec![Some("a"), Some(long), Some("b"), None, Some("")],
+                vec![Some(1), None, Some(3), Some(1), None],
+            ));
+            row_entries_agree_with_bytes(&[a, b]);
+        }
+    }
+
+    #[test]
+    fn the_skip_shrinks_to_the_bytes_every_admitted_key_shares() {
+        let mut config = RowConfig::default();
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abcx"[..], b"abcy"])));
+        assert_eq!(config.skip, 3);
+        // Inside the shared bytes: nothing changes. A single key keeps them too.
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abca"[..], b"abcz"])));
+        assert!(!config.admit(&BinaryArray::from(vec![&b"abc"[..]])));
+        assert_eq!(config.skip, 3);
+        // A batch whose own keys share less, or that starts elsewhere: entries are stale.
+        assert!(config.admit(&BinaryArray::from(vec![&b"abd"[..], b"abz"])));
+        assert_eq!(config.skip, 2);
+        assert!(config.admit(&BinaryArray::from(vec![&b"b"[..]])));
+        assert_eq!(config.skip, 0);
+        assert!(!config.admit(&BinaryArray::from(vec![&b""[..], b"c"])));
     }
 
     #[test]

@@ -35,8 +35,8 @@ use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
-    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowCursor,
-    U8Cursor, U16Cursor, U32Cursor, U64Cursor,
+    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowConfig,
+    RowCursor, U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
@@ -86,8 +86,11 @@ impl<S: SnapshotScan> KWayMerge<S> {
     /// ([`CursorKind::for_key`]).
     pub fn new(pk: &PrimaryKey, inputs: Vec<(VirtualNode, S)>, batch_size: usize) -> Result<Self> {
         let kind = CursorKind::for_key(pk);
+        // Re-encoding output keys beats gathering them when every column is fixed-width.
+        let fixed_width = (pk.key_schema().fields().iter()).all(|f| f.data_type().is_primitive());
         let keys = match kind {
             CursorKind::Primitive { .. } => OutputKeys::Encode(pk.clone()),
+            CursorKind::Rows if fixed_width => OutputKeys::Encode(pk.clone()),
             CursorKind::Rows => OutputKeys::Gather,
         };
         Self::with_cursor(kind, keys, inputs, batch_size)
@@ -112,7 +115,12 @@ impl<S: SnapshotScan> KWayMerge<S> {
         let vnodes = inputs.iter().map(|(v, _)| *v).collect();
         let builder = OutputBuilder::new(vnodes, batch_size, keys);
         let engine = match &kind {
-            CursorKind::Rows => Engine::Rows(Merge::new((), inputs, builder, batch_size)),
+            CursorKind::Rows => Engine::Rows(Merge::new(
+                RowConfig::default(),
+                inputs,
+                builder,
+                batch_size,
+            )),
             CursorKind::Primitive {
                 column,
                 data_type,
@@ -186,6 +194,9 @@ struct Merge<S, C: Cursor> {
     schema: Option<SchemaRef>,
     /// Vnodes found exhausted since the last output.
     exhausted: Vec<VirtualNode>,
+    /// True when a batch was admitted that made the entries in the tree stale
+    /// ([`Cursor::admit`]): the tree must be rebuilt rather than replayed.
+    stale: bool,
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
@@ -210,6 +221,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             batch_size,
             schema: None,
             exhausted: Vec::new(),
+            stale: false,
         }
     }
 
@@ -235,11 +247,17 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         for input in 0..self.inputs.len() {
             self.fetch(input)?;
         }
+        self.play();
+        self.phase = Phase::Merging;
+        Ok(())
+    }
+
+    /// Builds the tree from every input's current entry.
+    fn play(&mut self) {
         let entries: Vec<C::Entry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
         let cursors = &self.cursors;
         self.tree = LoserTree::new(&entries, |a, b| C::beats(a, b, cursors));
-        self.phase = Phase::Merging;
-        Ok(())
+        self.stale = false;
     }
 
     /// The tree entry of `input`: its head, or its exhaustion.
@@ -285,10 +303,15 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                     self.fetch(input)?;
                 }
             }
-            let entry = self.entry(input);
-            let cursors = &self.cursors;
-            self.tree
-                .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            if self.stale {
+                // Rare: every entry changed, not only the winner's.
+                self.play();
+            } else {
+                let entry = self.entry(input);
+                let cursors = &self.cursors;
+                self.tree
+                    .replay(input, entry, |a, b| C::beats(a, b, cursors));
+            }
             previous = Some(input);
         }
         Ok(())
@@ -300,6 +323,12 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
         match self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)? {
             Some(batch) => {
+                if C::admit(&mut self.config, &batch) {
+                    self.stale = true;
+                    for cursor in self.cursors.iter_mut().flatten() {
+                        cursor.refresh(&self.config);
+                    }
+                }
                 self.cursors[input] = Some(C::open(&self.config, &batch)?);
                 self.builder.push_batch(input, batch);
             }
@@ -366,7 +395,13 @@ mod tests {
     #[test]
     fn fuzz_against_a_sort_oracle() {
         let mut seed = 0;
-        for shape in [KeyShape::Int, KeyShape::NullableInt, KeyShape::Composite] {
+        let shapes = [
+            KeyShape::Int,
+            KeyShape::NullableInt,
+            KeyShape::Composite,
+            KeyShape::FewPrefixes,
+        ];
+        for shape in shapes {
             for num_inputs in [1, 16, 256] {
                 for batch_size in [1, 2, 7, 1024] {
                     for _ in 0..2 {
@@ -389,7 +424,7 @@ mod tests {
     #[test]
     fn clustered_keys_merge_in_runs_like_a_sort() {
         let mut seed = 1000;
-        for shape in [KeyShape::Int, KeyShape::Composite] {
+        for shape in [KeyShape::Int, KeyShape::Composite, KeyShape::FewPrefixes] {
             for num_inputs in [1, 2, 16] {
                 for batch_size in [1, 7, 64, 1024] {
                     seed += 1;

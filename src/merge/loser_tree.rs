@@ -16,17 +16,17 @@
 //! ```
 //!
 //! **Nodes hold entries, not input numbers.** A node stores an *entry* `E`: a small `Copy`
-//! value that names an input and, for the primitive cursors, carries its head key as well
-//! (see `cursor.rs`: `KeyEntry`, the rank `(key, exhausted, input)` in two words that compare
-//! as one `u128`). A replay then
+//! value that names an input and carries its head key as well, or for the row cursor the
+//! key's 8-byte prefix (see `cursor.rs`: `KeyEntry`, the rank `(key, exhausted, input)` in two
+//! words that compare as one `u128`). A replay then
 //! compares the climbing entry with the entry parked at each node: the node's address
 //! depends only on the leaf, never on an earlier comparison, and the key is right there, so
 //! the loads of the whole path can be in flight at once instead of chasing
 //! node -> input -> cursor -> buffer -> value. The select after each comparison is
 //! [`Entry::select`], a conditional move ([`select_unpredictable`]), because which side wins
 //! is a coin toss for spread keys and a mispredicted branch per level was most of the merge's
-//! time. (For the row cursor, whose entries are bare input indices, it measured faster than a
-//! branch too.)
+//! time. (The row cursor's comparison still branches on whether two prefixes are equal, which
+//! is predictable: rarely, with spread keys.)
 //!
 //! The order is a strict total order on entries, decided by a `beats(a, b)` function (`a`
 //! comes strictly before `b`) that the caller passes in:
@@ -38,20 +38,13 @@
 //! [`LoserTree::runner_up`] finds the second best without changing anything: the best of the
 //! losers on the winner's path (each is the best of the subtree the winner did not come
 //! from). The merge uses it to emit a winner's run of rows without replaying per row.
-
-use std::hint::select_unpredictable;
+//!
+//! [`select_unpredictable`]: std::hint::select_unpredictable
 
 /// What a [`LoserTree`] node holds: a small value picked between two without a branch.
 pub(crate) trait Entry: Copy {
     /// `a` if `condition`, else `b`, as a conditional move.
     fn select(condition: bool, a: Self, b: Self) -> Self;
-}
-
-impl Entry for usize {
-    #[inline]
-    fn select(condition: bool, a: Self, b: Self) -> Self {
-        select_unpredictable(condition, a, b)
-    }
 }
 
 /// A loser tree over `k` inputs. See the module docs.

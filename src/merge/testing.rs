@@ -92,6 +92,10 @@ pub(crate) enum KeyShape {
     NullableInt,
     /// `(Utf8 asc, Int32 desc)`: the row cursor.
     Composite,
+    /// `(Int64 asc, nullable, 7 values from MIN to MAX; Int32 asc)`, as TPC-H `lineitem`'s
+    /// `(l_orderkey, l_linenumber)` but with few order keys: the row cursor, where most heads
+    /// share their 8-byte prefix, and where the bytes all keys share shrink as batches arrive.
+    FewPrefixes,
 }
 
 /// A random merge input set: rows with unique `id`s `0..total`, keys unique across inputs.
@@ -277,6 +281,43 @@ fn random_table(rng: &mut StdRng, shape: KeyShape, rows: usize) -> (RecordBatch,
                 vec![
                     Arc::new(StringArray::from(s)),
                     Arc::new(Int32Array::from(i)),
+                    ids,
+                ],
+            )
+            .unwrap();
+            (batch, pk)
+        }
+        KeyShape::FewPrefixes => {
+            const ORDERS: [Option<i64>; 7] = [
+                None,
+                Some(i64::MIN),
+                Some(-1),
+                Some(0),
+                Some(1),
+                Some(1 << 40),
+                Some(i64::MAX),
+            ];
+            let mut seen = HashSet::new();
+            let (mut o, mut l) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+            while o.len() < rows {
+                let key = (*ORDERS.choose(rng).unwrap(), rng.random_range(0..1_000_i32));
+                if seen.insert(key) {
+                    o.push(key.0);
+                    l.push(key.1);
+                }
+            }
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("o", DataType::Int64, true),
+                Field::new("l", DataType::Int32, false),
+                id,
+            ]));
+            let pk =
+                PrimaryKey::new(&schema, vec![KeyColumn::asc("o"), KeyColumn::asc("l")]).unwrap();
+            let batch = RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(Int64Array::from(o)),
+                    Arc::new(Int32Array::from(l)),
                     ids,
                 ],
             )
