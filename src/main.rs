@@ -21,6 +21,15 @@ use arrangement_backfill::vnode::VnodeCount;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// Prints a line to stdout. A reader that went away (`backfill ... | head -1`) is not an
+/// error of ours: the rest of the report is dropped and the exit status stays the job's.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "backfill",
@@ -161,9 +170,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Verify { dataset, out } => {
             let dataset = Dataset::open(&dataset)?;
             let report = verify(&dataset, &out)?;
-            println!(
+            say!(
                 "verified: {} output rows in {} files give the expected {} rows",
-                report.output_rows, report.output_files, report.final_rows
+                report.output_rows,
+                report.output_files,
+                report.final_rows
             );
             Ok(())
         }
@@ -187,7 +198,7 @@ fn run(cli: Cli) -> Result<()> {
             options.seed = args.seed;
             let started = Instant::now();
             let summary = generate(&kind, &args.out, &options)?;
-            println!(
+            say!(
                 "wrote {}: {} snapshot rows, {} changes over {} epochs in {:.1?}",
                 args.out.display(),
                 summary.snapshot_rows,
@@ -234,7 +245,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
     print_summary(dataset.name(), &summary);
     if args.verify {
         let report = verify(&dataset, &out)?;
-        println!(
+        say!(
             "verified: the output applies cleanly and equals snapshot + changes ({} rows)",
             report.final_rows
         );
@@ -245,23 +256,25 @@ fn replay(args: ReplayArgs) -> Result<()> {
 fn print_summary(name: &str, s: &ReplaySummary) {
     let secs = s.elapsed.as_secs_f64().max(1e-9);
     let rows = s.snapshot_rows + s.upstream_changes;
-    println!(
+    say!(
         "replay of {name} done in {:.2?} (snapshot load {:.2?})",
-        s.elapsed, s.load_time
+        s.elapsed,
+        s.load_time
     );
-    println!("  snapshot rows     {:>12}", s.snapshot_rows);
-    println!("  upstream changes  {:>12}", s.upstream_changes);
-    println!(
+    say!("  snapshot rows     {:>12}", s.snapshot_rows);
+    say!("  upstream changes  {:>12}", s.upstream_changes);
+    say!(
         "  output rows       {:>12}  in {} files under {}",
         s.output_rows,
         s.output_files,
         s.out.join("changes").display()
     );
-    println!(
+    say!(
         "  epochs            {:>12}  ({} checkpoints)",
-        s.epochs, s.checkpoints
+        s.epochs,
+        s.checkpoints
     );
-    println!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
+    say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }
 
 /// The live progress: an indicatif bar, a line a second, or nothing.

@@ -364,3 +364,33 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
     dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
     rejects(&d("no-epoch"), &["_epoch"]);
 }
+
+#[test]
+fn a_reader_that_goes_away_is_not_a_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "int64", "5");
+    let out = tmp.path().join("out");
+    // Like `backfill replay ... | head -0`: stdout is a pipe whose reader is already gone,
+    // so every write to it fails with a broken pipe.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args([
+            "replay",
+            path(&dataset),
+            "--out",
+            path(&out),
+            "--progress",
+            "none",
+            "--verify",
+        ])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("panicked"),
+        "{}",
+        text(&o)
+    );
+}
