@@ -15,7 +15,7 @@
 //! - [`core`]: the algorithm as a state machine with named policies; no I/O, tested directly.
 //! - [`executor`]: drives the core from a `futures::Stream` of messages and a store.
 //! - [`no_shuffle`]: the baseline with one global position, as a second [`core::Tracker`].
-//! - [`reference`]: the same algorithm over `Vec` rows and `BTreeMap`s, the differential check
+//! - [`reference`](mod@reference): the same algorithm over `Vec` rows and `BTreeMap`s, the differential check
 //!   and the benchmarks' baseline.
 //!
 //! Invariants (DESIGN section 2) are checked by the oracle tests in `tests/`: I1 after every
