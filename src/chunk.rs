@@ -188,23 +188,26 @@ impl StreamChunk {
                 self.num_rows()
             )));
         }
-        let kept = keep.true_count();
-        if kept == self.num_rows() && keep.null_count() == 0 {
+        // NULL counts as "drop".
+        let keep = match keep.nulls() {
+            None => keep.values().clone(),
+            Some(valid) => keep.values() & valid.inner(),
+        };
+        let kept = keep.count_set_bits();
+        if kept == self.num_rows() {
             return Ok(self.clone());
         }
-        let mut ops = Vec::with_capacity(kept);
-        for (i, &op) in self.ops.iter().enumerate() {
-            if !keep.is_valid(i) || !keep.value(i) {
-                continue;
-            }
-            let op = match op {
+        // Only kept rows are visited; a kept half of an update pair looks at its partner.
+        let ops: Vec<Op> = keep
+            .set_indices()
+            .map(|i| match self.ops[i] {
                 Op::UpdateDelete if !keep.value(i + 1) => Op::Delete,
                 Op::UpdateInsert if !keep.value(i - 1) => Op::Insert,
                 op => op,
-            };
-            ops.push(op);
-        }
-        let batch = arrow_select::filter::filter_record_batch(&self.batch, keep)?;
+            })
+            .collect();
+        let keep = BooleanArray::new(keep, None);
+        let batch = arrow_select::filter::filter_record_batch(&self.batch, &keep)?;
         Ok(Self {
             batch,
             ops: ops.into(),
@@ -534,6 +537,16 @@ mod tests {
         let keep = mask_from_fn(6, |i| i != 1 && i != 2);
         let out = chunk.filter(&keep).unwrap();
         assert_eq!(out.to_text().unwrap(), "- 1 a\n+ 2 d\nU- 3 e\nU+ 3 f\n");
+    }
+
+    #[test]
+    fn filter_treats_null_as_drop() {
+        let chunk = StreamChunk::from_text(&schema(), "+ 1 a\nU- 2 b\nU+ 2 c").unwrap();
+        let keep = BooleanArray::from(vec![Some(true), Some(true), None]);
+        let out = chunk.filter(&keep).unwrap();
+        assert_eq!(out.to_text().unwrap(), "+ 1 a\n- 2 b\n");
+        let all = BooleanArray::from(vec![true, true, true]);
+        assert_eq!(chunk.filter(&all).unwrap().num_rows(), 3);
     }
 
     #[test]

@@ -143,6 +143,7 @@ impl UpstreamFilter {
                 owner: format!("the backfill of table `{}`", self.desc.name()),
             });
         }
+        // Usually decided by the first rows.
         let any_bounded = (0..n).any(|i| matches!(rule(i), Rule::UpTo(_)));
         let keep = if !any_bounded {
             BooleanBuffer::collect_bool(n, |i| rule(i) == Rule::Emit)
