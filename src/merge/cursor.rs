@@ -92,16 +92,13 @@ impl CursorKind {
 
 /// A position in one input's current batch, and how the loser tree ranks inputs.
 ///
-/// The tree stores one [`Cursor::Entry`] per input and orders them with [`Cursor::beats`]
+/// The tree stores one [`KeyEntry`] per input and orders them with [`Cursor::beats`]
 /// (the order of `loser_tree.rs`: by head key, ties and exhausted inputs by input index).
 /// The associated functions take every input's cursor (`None`: exhausted) for entries that
 /// only name an input and must look its head up.
 pub(crate) trait Cursor: Sized + Send + 'static {
     /// What is needed to open a cursor on a batch.
     type Config: Clone + Send + 'static;
-
-    /// What the loser tree holds for one input.
-    type Entry: Entry + Send + 'static;
 
     /// A cursor on row 0 of `batch` (not empty).
     fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
@@ -131,19 +128,10 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     fn advance(&mut self, n: usize);
 
     /// The entry of `input`, whose cursor this is, for its head (not finished).
-    fn entry(&self, input: usize) -> Self::Entry;
-
-    /// The entry of `input` once it is exhausted.
-    fn exhausted(input: usize) -> Self::Entry;
-
-    /// The input an entry belongs to.
-    fn input(entry: Self::Entry) -> usize;
-
-    /// True when `entry` is an exhausted input's.
-    fn is_exhausted(entry: Self::Entry, cursors: &[Option<Self>]) -> bool;
+    fn entry(&self, input: usize) -> KeyEntry;
 
     /// True when entry `a` comes strictly before entry `b`.
-    fn beats(a: Self::Entry, b: Self::Entry, cursors: &[Option<Self>]) -> bool;
+    fn beats(a: KeyEntry, b: KeyEntry, cursors: &[Option<Self>]) -> bool;
 
     /// How many rows from the head on (at most `max`, at most [`Cursor::remaining`]) come
     /// before `bound`, the entry of another input that the head comes before (so the answer
@@ -152,7 +140,7 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     fn rows_before(
         &self,
         input: usize,
-        bound: Self::Entry,
+        bound: KeyEntry,
         max: usize,
         cursors: &[Option<Self>],
     ) -> usize;
@@ -266,7 +254,6 @@ impl RowCursor {
 
 impl Cursor for RowCursor {
     type Config = RowConfig;
-    type Entry = KeyEntry;
 
     fn open(config: &RowConfig, batch: &KeyedBatch) -> Result<Self> {
         Ok(Self {
@@ -312,20 +299,6 @@ impl Cursor for RowCursor {
     #[inline]
     fn entry(&self, input: usize) -> KeyEntry {
         self.pack(self.head(), input)
-    }
-
-    fn exhausted(input: usize) -> KeyEntry {
-        KeyEntry::exhausted(input)
-    }
-
-    #[inline]
-    fn input(entry: KeyEntry) -> usize {
-        entry.input()
-    }
-
-    #[inline]
-    fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
-        entry.is_exhausted()
     }
 
     /// Different prefixes decide (see [`prefix`]); equal ones compare the heads' bytes.
@@ -457,7 +430,7 @@ impl KeyEntry {
     }
 
     /// The entry of `input` once it is exhausted.
-    fn exhausted(input: usize) -> Self {
+    pub(crate) fn exhausted(input: usize) -> Self {
         Self {
             key: u64::MAX,
             tie: EXHAUSTED | input as u64,
@@ -466,13 +439,13 @@ impl KeyEntry {
 
     /// The input the entry belongs to.
     #[inline]
-    fn input(self) -> usize {
+    pub(crate) fn input(self) -> usize {
         (self.tie & !EXHAUSTED) as usize
     }
 
     /// True for an exhausted input's entry.
     #[inline]
-    fn is_exhausted(self) -> bool {
+    pub(crate) fn is_exhausted(self) -> bool {
         self.tie & EXHAUSTED != 0
     }
 }
@@ -544,7 +517,6 @@ where
     P::Native: OrderBits,
 {
     type Config = PrimitiveConfig;
-    type Entry = KeyEntry;
 
     fn open(config: &PrimitiveConfig, batch: &KeyedBatch) -> Result<Self> {
         let column =
@@ -615,20 +587,6 @@ where
         self.pack(self.values[self.row], input)
     }
 
-    fn exhausted(input: usize) -> KeyEntry {
-        KeyEntry::exhausted(input)
-    }
-
-    #[inline]
-    fn input(entry: KeyEntry) -> usize {
-        entry.input()
-    }
-
-    #[inline]
-    fn is_exhausted(entry: KeyEntry, _: &[Option<Self>]) -> bool {
-        entry.is_exhausted()
-    }
-
     #[inline]
     fn beats(a: KeyEntry, b: KeyEntry, _: &[Option<Self>]) -> bool {
         a.rank() < b.rank()
@@ -696,8 +654,8 @@ mod tests {
                 let expected = (a.keys.value(ra), 0) < bound;
                 assert_eq!(C::beats(ea, eb, &cursors), expected, "rows {ra} {rb}");
                 assert_eq!(C::beats(eb, ea, &cursors), !expected, "rows {ra} {rb}");
-                assert_eq!((C::input(ea), C::input(eb)), (0, 1));
-                assert!(!C::is_exhausted(ea, &cursors));
+                assert_eq!((ea.input(), eb.input()), (0, 1));
+                assert!(!ea.is_exhausted());
                 for max in [1, 2, 3, 100] {
                     let before = (ra..a.num_rows())
                         .take(max)
@@ -710,9 +668,12 @@ mod tests {
             }
         }
         let cursors = [Some(C::open(config, a).unwrap()), None];
-        let (live, done) = (cursors[0].as_ref().unwrap().entry(0), C::exhausted(1));
+        let (live, done) = (
+            cursors[0].as_ref().unwrap().entry(0),
+            KeyEntry::exhausted(1),
+        );
         assert!(C::beats(live, done, &cursors) && !C::beats(done, live, &cursors));
-        assert!(C::is_exhausted(done, &cursors) && C::input(done) == 1);
+        assert!(done.is_exhausted() && done.input() == 1);
         let rows = a.num_rows();
         assert_eq!(
             cursors[0]
@@ -740,7 +701,7 @@ mod tests {
                     let cursor = at::<I64Cursor>(&config(descending), &batch, row);
                     entries.push((cursor.entry(input), (false, key, input)));
                 }
-                entries.push((I64Cursor::exhausted(input), (true, 0, input)));
+                entries.push((KeyEntry::exhausted(input), (true, 0, input)));
             }
             // Sorting the entries sorts by (exhausted, key in key order, input).
             entries.sort_by_key(|&(entry, _)| entry.rank());
@@ -756,8 +717,8 @@ mod tests {
             });
             assert_eq!(got, expected, "descending {descending}");
             for (entry, (exhausted, _, input)) in entries {
-                assert_eq!(I64Cursor::input(entry), input);
-                assert_eq!(I64Cursor::is_exhausted(entry, &[]), exhausted);
+                assert_eq!(entry.input(), input);
+                assert_eq!(entry.is_exhausted(), exhausted);
             }
         }
         // Narrow types map through the same bits: the order of every i8 and u8.
@@ -882,7 +843,7 @@ mod tests {
                         let cursors = heads(&rows);
                         let entry = |i: usize| match &cursors[i] {
                             Some(c) => c.entry(i),
-                            None => RowCursor::exhausted(i),
+                            None => KeyEntry::exhausted(i),
                         };
                         let (a, b) = (entry(first), entry(other));
                         let ra = rank(Some(&batches[first]), row, first);
@@ -890,8 +851,8 @@ mod tests {
                         let what = format!("{ra:?} vs {rb:?}, skip {}", config.skip);
                         assert_eq!(RowCursor::beats(a, b, &cursors), ra < rb, "{what}");
                         assert_eq!(RowCursor::beats(b, a, &cursors), rb < ra, "{what}");
-                        assert_eq!(RowCursor::is_exhausted(b, &cursors), other >= n);
-                        assert_eq!((RowCursor::input(a), RowCursor::input(b)), (first, other));
+                        assert_eq!(b.is_exhausted(), other >= n);
+                        assert_eq!((a.input(), b.input()), (first, other));
                         if ra < rb {
                             let head = cursors[first].as_ref().unwrap();
                             let before = (row..batches[first].num_rows())

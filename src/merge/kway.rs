@@ -35,8 +35,8 @@ use crate::error::{Error, Result};
 use crate::key::PrimaryKey;
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
-    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, PrimitiveConfig, RowConfig,
-    RowCursor, U8Cursor, U16Cursor, U32Cursor, U64Cursor,
+    Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, KeyEntry, PrimitiveConfig,
+    RowConfig, RowCursor, U8Cursor, U16Cursor, U32Cursor, U64Cursor,
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
@@ -187,7 +187,7 @@ struct Merge<S, C: Cursor> {
     /// Per input: its cursor, `None` once exhausted.
     cursors: Vec<Option<C>>,
     /// Empty until the merge starts.
-    tree: LoserTree<C::Entry>,
+    tree: LoserTree<KeyEntry>,
     builder: OutputBuilder,
     batch_size: usize,
     /// The schema of the first batch seen, for empty outputs.
@@ -254,17 +254,17 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
 
     /// Builds the tree from every input's current entry.
     fn play(&mut self) {
-        let entries: Vec<C::Entry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
+        let entries: Vec<KeyEntry> = (0..self.inputs.len()).map(|i| self.entry(i)).collect();
         let cursors = &self.cursors;
         self.tree = LoserTree::new(&entries, |a, b| C::beats(a, b, cursors));
         self.stale = false;
     }
 
     /// The tree entry of `input`: its head, or its exhaustion.
-    fn entry(&self, input: usize) -> C::Entry {
+    fn entry(&self, input: usize) -> KeyEntry {
         match &self.cursors[input] {
             Some(cursor) => cursor.entry(input),
-            None => C::exhausted(input),
+            None => KeyEntry::exhausted(input),
         }
     }
 
@@ -276,10 +276,10 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
                 return Ok(());
             };
             // The winner is exhausted only when every input is.
-            if C::is_exhausted(winner, &self.cursors) {
+            if winner.is_exhausted() {
                 return Ok(());
             }
-            let input = C::input(winner);
+            let input = winner.input();
             let cursors = &self.cursors;
             let cursor = cursors[input].as_ref().ok_or_else(|| {
                 Error::Internal(format!("merge input {input} won with no cursor"))
