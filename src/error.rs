@@ -123,6 +123,25 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A directory is locked by another process (or another store in this one).
+    #[error("{}: in use by {holder}; wait for it to finish or stop it first", .path.display())]
+    Locked {
+        /// The lock file.
+        path: std::path::PathBuf,
+        /// Who holds it, as far as known (`process 1234`).
+        holder: String,
+    },
+    /// A state directory that belongs to another job (another dataset, key or vnode count).
+    #[error("{}: {message}", .path.display())]
+    StateConflict {
+        /// The state directory.
+        path: std::path::PathBuf,
+        /// What differs.
+        message: String,
+    },
+    /// An earlier I/O failure left the store's on-disk state unknown: reopen it.
+    #[error("the store failed and must be reopened: {0}")]
+    StoreFailed(String),
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
@@ -148,6 +167,9 @@ impl Error {
                 | Error::UnknownColumn { .. }
                 | Error::InvalidChunk(_)
                 | Error::UnsupportedType { .. }
+                | Error::CorruptState { .. }
+                | Error::Locked { .. }
+                | Error::StateConflict { .. }
         )
     }
 

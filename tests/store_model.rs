@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use arrangement_backfill::chunk::{Op, StreamChunk};
 use arrangement_backfill::key::{KeyColumn, Position};
-use arrangement_backfill::store::{MemoryStore, SnapshotScan, StateStore, StateTable};
+use arrangement_backfill::store::{
+    DurableOptions, DurableStore, MemoryStore, SnapshotScan, StateStore, StateTable,
+};
 use arrangement_backfill::table::TableDesc;
 use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
 use arrow_array::cast::AsArray;
@@ -161,6 +163,75 @@ struct EpochPlan {
     replicated: Vec<Change>,
     commit_back: Option<u8>,
     scans: Vec<(u8, Option<i64>, usize)>,
+    /// Durable store only: close and reopen the store after this epoch (a crash: sealed,
+    /// uncommitted layers are lost), or compact it now.
+    reopen: bool,
+    compact: bool,
+}
+
+/// A store under test: how to make one and how to "crash and restart" it.
+trait Subject {
+    type Store: StateStore;
+    fn store(&mut self) -> Self::Store;
+    /// Drops the store and opens it again from what it persisted; `None` when the store
+    /// does not persist.
+    fn reopen(&mut self, _old: Self::Store) -> Option<Self::Store> {
+        None
+    }
+    fn compact(&self, _store: &Self::Store) {}
+}
+
+struct Memory;
+
+impl Subject for Memory {
+    type Store = MemoryStore;
+    fn store(&mut self) -> MemoryStore {
+        MemoryStore::new()
+    }
+}
+
+/// The durable store with a tiny memory budget (so layers spill to disk) and compaction
+/// after two deltas in the background.
+struct Durable {
+    dir: tempfile::TempDir,
+    budget: usize,
+}
+
+impl Durable {
+    fn new(budget: usize) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            budget,
+        }
+    }
+
+    fn open(&self) -> DurableStore {
+        let options = DurableOptions {
+            memory_budget: self.budget,
+            max_deltas: 2,
+            background_compaction: true,
+        };
+        DurableStore::open_with(
+            self.dir.path(),
+            arrangement_backfill::store::io::RealIo::shared(),
+            options,
+        )
+        .unwrap()
+    }
+}
+
+impl Subject for Durable {
+    type Store = DurableStore;
+    fn store(&mut self) -> DurableStore {
+        self.open()
+    }
+    fn reopen(&mut self, old: DurableStore) -> Option<DurableStore> {
+        drop(old);
+        Some(self.open())
+    }
+    fn compact(&self, store: &DurableStore) {
+        store.compact().unwrap();
+    }
 }
 
 fn epoch_plan() -> impl Strategy<Value = EpochPlan> {
@@ -170,19 +241,25 @@ fn epoch_plan() -> impl Strategy<Value = EpochPlan> {
         prop::collection::vec(change, 0..8),
         prop::option::of(0u8..3),
         prop::collection::vec((0u8..4, prop::option::of(0i64..40), 1usize..9), 1..4),
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.2),
     )
-        .prop_map(|(changes, replicated, commit_back, scans)| EpochPlan {
-            changes,
-            replicated,
-            commit_back,
-            scans,
-        })
+        .prop_map(
+            |(changes, replicated, commit_back, scans, reopen, compact)| EpochPlan {
+                changes,
+                replicated,
+                commit_back,
+                scans,
+                reopen,
+                compact,
+            },
+        )
 }
 
 /// Keeps one change per key per chunk position rule: the store applies a chunk in order, and
 /// so does the model, so any sequence is fine.
-fn run_plan(plans: &[EpochPlan], vnodes: usize) {
-    let store = MemoryStore::new();
+fn run_plan<S: Subject>(subject: &mut S, plans: &[EpochPlan], vnodes: usize) {
+    let mut store = subject.store();
     let desc = store.create_table(desc(vnodes)).unwrap();
     let all = VnodeBitmap::full(desc.vnode_count());
     let mut writer = store.table("t", all.clone()).unwrap();
@@ -272,6 +349,31 @@ fn run_plan(plans: &[EpochPlan], vnodes: usize) {
             .map(|v| writer.committed_rows(v).unwrap())
             .sum();
         assert_eq!(total, committed_rows.len(), "committed row count");
+
+        if plan.compact {
+            subject.compact(&store);
+        }
+        if plan.reopen {
+            drop((writer, repl));
+            let Some(reopened) = subject.reopen(store) else {
+                unreachable!("only persistent subjects are asked to reopen")
+            };
+            store = reopened;
+            assert_eq!(store.committed_epoch().unwrap(), committed);
+            // What was sealed but not committed is gone, as after a crash.
+            sealed.clear();
+            repl_layers.clear();
+            writer = store.table("t", all.clone()).unwrap();
+            repl = store.replicated_table("t", all.clone()).unwrap();
+            let read_epoch = committed.unwrap_or(0);
+            for vnode in desc.vnode_count().vnodes() {
+                assert_eq!(
+                    scan_all(&writer, vnode, None, read_epoch.max(1), 3),
+                    expected(&desc, &committed_rows, vnode, None),
+                    "after reopening, vnode {vnode} holds exactly the committed rows"
+                );
+            }
+        }
     }
 }
 
@@ -288,14 +390,55 @@ proptest! {
         plans in prop::collection::vec(epoch_plan(), 1..8),
         vnodes in prop::sample::select(vec![1usize, 4, 16]),
     ) {
-        run_plan(&plans, vnodes);
+        let plans: Vec<EpochPlan> = plans
+            .into_iter()
+            .map(|p| EpochPlan { reopen: false, ..p })
+            .collect();
+        run_plan(&mut Memory, &plans, vnodes);
+    }
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: 96,
+        rng_seed: RngSeed::Fixed(0xd0_7ab1e),
+        failure_persistence: None,
+        ..Config::default()
+    })]
+
+    /// The same model, on the durable store: layers spill (budgets of 0 bytes to 64 KiB),
+    /// compaction runs in the background and on demand, and the store is closed and reopened
+    /// at random points.
+    #[test]
+    fn durable_store_matches_btreemap_model(
+        plans in prop::collection::vec(epoch_plan(), 1..8),
+        vnodes in prop::sample::select(vec![1usize, 4, 16]),
+        budget in prop::sample::select(vec![0usize, 2048, 64 << 10]),
+    ) {
+        run_plan(&mut Durable::new(budget), &plans, vnodes);
     }
 }
 
 #[test]
 fn large_vnode_compacts_segment_by_segment() {
+    large_vnode(MemoryStore::new());
+    let durable = Durable::new(1 << 20);
+    let store = durable.open();
+    large_vnode(store.clone());
+    store.compact().unwrap();
+    drop(store);
+    let store = durable.open();
+    let writer = store
+        .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+        .unwrap();
+    assert_eq!(
+        scan_all(&writer, VirtualNode::ZERO, None, 2, 1000).len(),
+        50_000
+    );
+}
+
+fn large_vnode<S: StateStore>(store: S) {
     // 50k rows in one vnode: several segments; a few deltas touch only some of them.
-    let store = MemoryStore::new();
     let desc = store.create_table(desc(1)).unwrap();
     let all = VnodeBitmap::full(desc.vnode_count());
     let mut writer = store.table("t", all).unwrap();

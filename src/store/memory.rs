@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 use rayon::prelude::*;
 
-use super::run::{MergeReader, Run, build_runs, compact};
+use super::run::{MergeReader, Run, RunList, build_runs, compact};
 use super::{KeyedBatch, SnapshotScan, StateStore, StateTable};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -363,14 +363,12 @@ impl StateTable for MemoryTable {
         let inner = self.store.read()?;
         inner.check_read_epoch(self.desc.name(), epoch)?;
         let table = inner.table(self.desc.name())?;
-        let mut sources = vec![table.base[vnode.index()].clone()];
-        sources.extend(
-            self.visible_deltas(&inner, vnode, epoch)?
-                .into_iter()
-                .map(|run| vec![run]),
-        );
+        let mut sources: Vec<Box<dyn RunList>> = vec![Box::new(table.base[vnode.index()].clone())];
+        for run in self.visible_deltas(&inner, vnode, epoch)? {
+            sources.push(Box::new(vec![run]));
+        }
         Ok(MemoryScan {
-            reader: MergeReader::new(sources, after.map(Position::as_bytes), batch_size),
+            reader: MergeReader::new(sources, after.map(Position::as_bytes), batch_size)?,
         })
     }
 

@@ -25,9 +25,12 @@
 //! The traits are synchronous: the in-memory and embedded stores answer from memory or local
 //! files. A remote implementation is expected to prefetch behind [`SnapshotScan`].
 
+pub mod durable;
+pub mod io;
 mod memory;
 mod run;
 
+pub use durable::{DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
 
 use std::sync::Arc;

@@ -159,74 +159,117 @@ pub(crate) fn build_runs(
         .collect()
 }
 
+/// A list of runs of one vnode whose key ranges follow each other, loaded on demand: the
+/// committed segments of the in-memory store, or the blocks of a run file on disk.
+pub(crate) trait RunList: Send + Sync {
+    /// The number of runs.
+    fn len(&self) -> usize;
+
+    /// The last key of run `i` (`None` for an empty run), known without loading it.
+    fn last_key(&self, i: usize) -> Option<&[u8]>;
+
+    /// Run `i`'s rows.
+    fn load(&self, i: usize) -> Result<Arc<Run>>;
+}
+
+impl RunList for Vec<Arc<Run>> {
+    fn len(&self) -> usize {
+        <[Arc<Run>]>::len(self)
+    }
+
+    fn last_key(&self, i: usize) -> Option<&[u8]> {
+        self[i].last_key()
+    }
+
+    fn load(&self, i: usize) -> Result<Arc<Run>> {
+        Ok(self[i].clone())
+    }
+}
+
 /// One input of a merged read: a list of runs read in order.
 struct Source {
-    /// Global ids of this source's runs (indices into `MergeReader::runs`).
-    run_ids: Vec<usize>,
-    /// Index into `run_ids` of the current run.
+    list: Box<dyn RunList>,
+    /// Index of the current run in `list`.
     run: usize,
+    /// The current run, loaded; `None` once the source is exhausted.
+    current: Option<Arc<Run>>,
     /// Row within the current run.
     row: usize,
 }
 
+impl Source {
+    /// The current run and row, if not exhausted.
+    fn head(&self) -> Option<(&Arc<Run>, usize)> {
+        self.current.as_ref().map(|run| (run, self.row))
+    }
+
+    fn head_key(&self) -> Option<&[u8]> {
+        self.current.as_ref().map(|run| run.key(self.row))
+    }
+
+    /// Moves past exhausted runs, loading the next one as needed.
+    fn settle(&mut self) -> Result<()> {
+        while let Some(run) = &self.current {
+            if self.row < run.len() {
+                break;
+            }
+            self.run += 1;
+            self.row = 0;
+            self.current = if self.run < self.list.len() {
+                Some(self.list.load(self.run)?)
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+}
+
 /// A merged, sorted read of one vnode: base segments plus delta runs, newest wins.
+///
+/// Memory: one loaded run per source, plus the batch being assembled.
 pub(crate) struct MergeReader {
-    runs: Vec<Arc<Run>>,
     sources: Vec<Source>,
     batch_size: usize,
 }
 
 impl MergeReader {
     /// `sources` are ordered oldest (the base) to newest; each is a list of runs whose key
-    /// ranges follow each other. Reading starts strictly after `after`.
-    pub fn new(sources: Vec<Vec<Arc<Run>>>, after: Option<&[u8]>, batch_size: usize) -> Self {
-        let mut runs = Vec::new();
+    /// ranges follow each other. Reading starts strictly after `after`; runs that end at or
+    /// before it are never loaded.
+    pub fn new(
+        sources: Vec<Box<dyn RunList>>,
+        after: Option<&[u8]>,
+        batch_size: usize,
+    ) -> Result<Self> {
         let mut out = Vec::with_capacity(sources.len());
-        for source in sources {
+        for list in sources {
             // Skip whole runs that end at or before `after`, then position within the first.
             let first = match after {
                 None => 0,
-                Some(after) => partition_point(source.len(), |i| {
-                    source[i].last_key().is_none_or(|k| k <= after)
-                }),
+                Some(after) => {
+                    partition_point(list.len(), |i| list.last_key(i).is_none_or(|k| k <= after))
+                }
             };
-            let row = source.get(first).map_or(0, |r| r.start_after(after));
-            let base_id = runs.len();
-            let n = source.len();
-            runs.extend(source);
-            out.push(Source {
-                run_ids: (base_id..base_id + n).collect(),
+            let current = if first < list.len() {
+                Some(list.load(first)?)
+            } else {
+                None
+            };
+            let row = current.as_ref().map_or(0, |r| r.start_after(after));
+            let mut source = Source {
+                list,
                 run: first,
+                current,
                 row,
-            });
+            };
+            source.settle()?;
+            out.push(source);
         }
-        let mut reader = Self {
-            runs,
+        Ok(Self {
             sources: out,
             batch_size: batch_size.max(1),
-        };
-        for s in 0..reader.sources.len() {
-            reader.settle(s);
-        }
-        reader
-    }
-
-    /// Moves source `s` past exhausted runs.
-    fn settle(&mut self, s: usize) {
-        let source = &mut self.sources[s];
-        while let Some(&id) = source.run_ids.get(source.run) {
-            if source.row < self.runs[id].len() {
-                break;
-            }
-            source.run += 1;
-            source.row = 0;
-        }
-    }
-
-    /// The current (run id, row) of source `s`, if not exhausted.
-    fn head(&self, s: usize) -> Option<(usize, usize)> {
-        let source = &self.sources[s];
-        source.run_ids.get(source.run).map(|&id| (id, source.row))
+        })
     }
 
     /// The next batch of visible rows, or `None` when exhausted.
@@ -235,31 +278,31 @@ impl MergeReader {
     /// the smallest head of the other sources in one step (a binary search), so a base with
     /// sparse deltas is copied range by range, and a lone source is sliced without copying.
     pub fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
-        let mut pieces: Vec<(usize, usize, usize)> = Vec::new(); // (run id, start, len)
+        let mut pieces: Vec<(Arc<Run>, usize, usize)> = Vec::new(); // (run, start, len)
         let mut total = 0;
         while total < self.batch_size {
             // The smallest head; among equal keys the newest source (highest index) wins.
-            let mut best: Option<(usize, usize, usize)> = None; // (source, run id, row)
-            for s in 0..self.sources.len() {
-                if let Some((id, row)) = self.head(s) {
-                    let better = best.is_none_or(|(_, bid, brow)| {
-                        self.runs[id].key(row) <= self.runs[bid].key(brow)
-                    });
-                    if better {
-                        best = Some((s, id, row));
-                    }
+            let mut best: Option<(usize, &[u8])> = None;
+            for (s, source) in self.sources.iter().enumerate() {
+                if let Some(key) = source.head_key()
+                    && best.is_none_or(|(_, b)| key <= b)
+                {
+                    best = Some((s, key));
                 }
             }
-            let Some((winner, id, row)) = best else { break };
-            let run = self.runs[id].clone();
+            let Some((winner, _)) = best else { break };
+            let Some((run, row)) = self.sources[winner].head().map(|(r, row)| (r.clone(), row))
+            else {
+                break;
+            };
             // The smallest head among the other sources bounds the winner's range.
             let mut bound: Option<&[u8]> = None;
-            for s in (0..self.sources.len()).filter(|s| *s != winner) {
-                if let Some((sid, srow)) = self.head(s) {
-                    let key = self.runs[sid].key(srow);
-                    if bound.is_none_or(|b| key < b) {
-                        bound = Some(key);
-                    }
+            for (s, source) in self.sources.iter().enumerate() {
+                if s != winner
+                    && let Some(key) = source.head_key()
+                    && bound.is_none_or(|b| key < b)
+                {
+                    bound = Some(key);
                 }
             }
             let room = self.batch_size - total;
@@ -270,30 +313,28 @@ impl MergeReader {
             .min(row + room);
             if end > row {
                 // Rows strictly below every other head: take them, skipping tombstones.
-                total += push_live(&mut pieces, &run, id, row, end);
+                total += push_live(&mut pieces, &run, row, end);
                 self.sources[winner].row = end;
-                self.settle(winner);
+                self.sources[winner].settle()?;
             } else {
                 // The winner ties another head: one row, and every source at that key moves on.
-                let key = run.key(row).to_vec();
-                for s in 0..self.sources.len() {
-                    if let Some((sid, srow)) = self.head(s)
-                        && self.runs[sid].key(srow) == key.as_slice()
-                    {
-                        self.sources[s].row += 1;
-                        self.settle(s);
+                let key = run.key(row);
+                for source in &mut self.sources {
+                    if source.head_key() == Some(key) {
+                        source.row += 1;
+                        source.settle()?;
                     }
                 }
-                total += push_live(&mut pieces, &run, id, row, row + 1);
+                total += push_live(&mut pieces, &run, row, row + 1);
             }
         }
         match pieces.as_slice() {
             [] => Ok(None),
-            [(id, start, len)] => Ok(Some(self.runs[*id].data.slice(*start, *len))),
+            [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
             _ => {
                 let slices: Vec<KeyedBatch> = pieces
                     .iter()
-                    .map(|(id, start, len)| self.runs[*id].data.slice(*start, *len))
+                    .map(|(run, start, len)| run.data.slice(*start, *len))
                     .collect();
                 let schema = slices[0].batch.schema();
                 let batch =
@@ -310,9 +351,8 @@ impl MergeReader {
 
 /// Appends the live rows of `run[start..end]` to `pieces` as ranges; returns their count.
 fn push_live(
-    pieces: &mut Vec<(usize, usize, usize)>,
-    run: &Run,
-    id: usize,
+    pieces: &mut Vec<(Arc<Run>, usize, usize)>,
+    run: &Arc<Run>,
     start: usize,
     end: usize,
 ) -> usize {
@@ -320,12 +360,12 @@ fn push_live(
     let mut push = |from: usize, to: usize| {
         if to > from {
             match pieces.last_mut() {
-                Some((last_id, last_start, last_len))
-                    if *last_id == id && *last_start + *last_len == from =>
+                Some((last, last_start, last_len))
+                    if Arc::ptr_eq(last, run) && *last_start + *last_len == from =>
                 {
                     *last_len += to - from;
                 }
-                _ => pieces.push((id, from, to - from)),
+                _ => pieces.push((run.clone(), from, to - from)),
             }
             pushed += to - from;
         }
@@ -365,8 +405,8 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
         } else {
             segment.and_then(|s| s.last_key())
         };
-        let mut sources: Vec<Vec<Arc<Run>>> = Vec::with_capacity(deltas.len() + 1);
-        sources.push(segment.into_iter().cloned().collect());
+        let mut sources: Vec<Box<dyn RunList>> = Vec::with_capacity(deltas.len() + 1);
+        sources.push(Box::new(segment.into_iter().cloned().collect::<Vec<_>>()));
         let mut touched = false;
         for (d, delta) in deltas.iter().enumerate() {
             let start = starts[d];
@@ -379,14 +419,14 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
             starts[d] = end;
             if end > start {
                 touched = true;
-                sources.push(vec![Arc::new(delta.slice(start, end - start))]);
+                sources.push(Box::new(vec![Arc::new(delta.slice(start, end - start))]));
             }
         }
         if !touched {
             out.extend(segment.cloned());
             continue;
         }
-        let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS);
+        let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS)?;
         while let Some(data) = reader.next_batch()? {
             out.push(Arc::new(Run {
                 data: KeyedBatch {

@@ -1,0 +1,71 @@
+//! The directory lock: one process (and one open store) per state directory at a time.
+//!
+//! `DIR/LOCK` is locked with an advisory exclusive lock (`flock`) for as long as the store is
+//! open, and holds the owner's process id so that a refused opener can name it. The lock
+//! goes away with the process, so a killed run never leaves a stale lock behind.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::store::io::named;
+
+/// The lock file's name.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// A held directory lock; released on drop.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    /// Locks `dir` (which must exist), or says who holds it.
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| named(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = match holder.trim() {
+                    "" => "another process".to_string(),
+                    pid => format!("process {pid}"),
+                };
+                return Err(Error::Locked { path, holder });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(named(&path, e).into()),
+        }
+        file.set_len(0).map_err(|e| named(&path, e))?;
+        file.seek(SeekFrom::Start(0)).map_err(|e| named(&path, e))?;
+        write!(file, "{}", std::process::id()).map_err(|e| named(&path, e))?;
+        Ok(Self { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_and_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path()).unwrap();
+        let err = DirLock::acquire(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }));
+        assert!(
+            err.to_string().contains(&std::process::id().to_string()),
+            "{err}"
+        );
+        drop(first);
+        DirLock::acquire(dir.path()).unwrap();
+    }
+}

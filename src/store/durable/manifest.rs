@@ -1,0 +1,339 @@
+//! The manifest: the one file that says what the durable store holds.
+//!
+//! ```text
+//!   MANIFEST = "ABMANIF1" | crc32 (u32 LE) of the body | body length (u64 LE) | body (JSON)
+//!   body     = { format, committed_epoch, next_file_id, meta: {key: value},
+//!                files:  [{ id, size, tail_len, tail_crc }],
+//!                tables: [{ name, schema (hex of an Arrow IPC stream with no batches),
+//!                           key: [{ column, descending, nulls_first }],
+//!                           distribution: { hash: [columns] } | { vnode_column: column },
+//!                           vnode_count,
+//!                           runs: [{ vnode, file, first, count, rows, epoch }] }] }
+//! ```
+//!
+//! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
+//! committed epochs in commit order. A commit writes `MANIFEST.tmp`, fsyncs it, renames it
+//! over `MANIFEST` and fsyncs the directory: the switch is atomic, and a crash at any point
+//! leaves either the old or the new manifest. Run files are named `run-<id, 20 digits>.arrow`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::StreamWriter;
+#[cfg(test)]
+use arrow_schema::Schema;
+use arrow_schema::SchemaRef;
+use serde::{Deserialize, Serialize};
+
+use super::file::{FileCheck, RunSpan, hex_decode, hex_encode};
+use crate::error::{Error, Result};
+use crate::key::KeyColumn;
+use crate::store::io::StorageIo;
+use crate::table::{Distribution, TableDesc};
+use crate::vnode::{VirtualNode, VnodeCount};
+
+/// The manifest's file name.
+pub(crate) const MANIFEST_FILE: &str = "MANIFEST";
+const MANIFEST_TMP: &str = "MANIFEST.tmp";
+const MAGIC: &[u8; 8] = b"ABMANIF1";
+const FORMAT: u32 = 1;
+
+/// The file name of run file `id`.
+pub(crate) fn run_file_name(id: u64) -> String {
+    format!("run-{id:020}.arrow")
+}
+
+/// The id of a run file name, if it is one.
+pub(crate) fn run_file_id(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("run-")?.strip_suffix(".arrow")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The decoded manifest.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Manifest {
+    pub format: u32,
+    pub committed_epoch: Option<u64>,
+    pub next_file_id: u64,
+    pub meta: BTreeMap<String, String>,
+    pub files: Vec<FileEntry>,
+    pub tables: Vec<TableEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct FileEntry {
+    pub id: u64,
+    pub size: u64,
+    pub tail_len: u64,
+    pub tail_crc: u32,
+}
+
+impl FileEntry {
+    pub fn new(id: u64, check: FileCheck) -> Self {
+        Self {
+            id,
+            size: check.size,
+            tail_len: check.tail_len,
+            tail_crc: check.tail_crc,
+        }
+    }
+
+    pub fn check(&self) -> FileCheck {
+        FileCheck {
+            size: self.size,
+            tail_len: self.tail_len,
+            tail_crc: self.tail_crc,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct KeyEntry {
+    pub column: String,
+    pub descending: bool,
+    pub nulls_first: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DistributionEntry {
+    Hash(Vec<String>),
+    VnodeColumn(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct RunEntry {
+    pub vnode: u16,
+    pub file: u64,
+    pub first: u32,
+    pub count: u32,
+    pub rows: u64,
+    /// 0 for a base run, else the epoch the delta was committed with.
+    pub epoch: u64,
+}
+
+impl RunEntry {
+    pub fn span(&self) -> RunSpan {
+        RunSpan {
+            vnode: VirtualNode::new(self.vnode),
+            first: self.first,
+            count: self.count,
+            rows: self.rows,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct TableEntry {
+    pub name: String,
+    pub schema: String,
+    pub key: Vec<KeyEntry>,
+    pub distribution: DistributionEntry,
+    pub vnode_count: usize,
+    pub runs: Vec<RunEntry>,
+}
+
+impl TableEntry {
+    /// The definition part of a table's entry (no runs).
+    pub fn of(desc: &TableDesc) -> Result<Self> {
+        let schema = desc.schema();
+        let name_of = |i: usize| schema.field(i).name().clone();
+        Ok(Self {
+            name: desc.name().to_string(),
+            schema: hex_encode(&schema_bytes(schema)?),
+            key: desc
+                .pk()
+                .columns()
+                .iter()
+                .map(|c| KeyEntry {
+                    column: c.name.clone(),
+                    descending: c.descending,
+                    nulls_first: c.nulls_first,
+                })
+                .collect(),
+            distribution: match desc.distribution() {
+                Distribution::Hash(columns) => {
+                    DistributionEntry::Hash(columns.iter().map(|&i| name_of(i)).collect())
+                }
+                Distribution::VnodeColumn(i) => DistributionEntry::VnodeColumn(name_of(*i)),
+            },
+            vnode_count: desc.vnode_count().get(),
+            runs: Vec::new(),
+        })
+    }
+
+    /// The table definition this entry describes.
+    pub fn desc(&self, manifest: &Path) -> Result<TableDesc> {
+        let bad = |message: String| Error::CorruptState {
+            context: format!("{} (table `{}`)", manifest.display(), self.name),
+            message,
+        };
+        let bytes = hex_decode(&self.schema).ok_or_else(|| bad("malformed schema".into()))?;
+        let schema = StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|e| bad(format!("unreadable schema: {e}")))?
+            .schema();
+        let key = self
+            .key
+            .iter()
+            .map(|k| KeyColumn {
+                name: k.column.clone(),
+                descending: k.descending,
+                nulls_first: k.nulls_first,
+            })
+            .collect();
+        let vnodes = VnodeCount::new(self.vnode_count).map_err(|e| bad(e.to_string()))?;
+        let desc =
+            TableDesc::new(self.name.clone(), schema, key).map_err(|e| bad(e.to_string()))?;
+        let desc = match &self.distribution {
+            DistributionEntry::Hash(columns) => desc.with_distribution_key(columns),
+            DistributionEntry::VnodeColumn(column) => desc.with_vnode_column(column),
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        Ok(desc.with_vnode_count(vnodes))
+    }
+}
+
+fn schema_bytes(schema: &SchemaRef) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut out, schema.as_ref())?;
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+/// Whether two schemas have the same columns (names, types, nullability).
+#[cfg(test)]
+pub(crate) fn same_schema(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields().iter().zip(b.fields()).all(|(x, y)| {
+            x.name() == y.name()
+                && x.data_type() == y.data_type()
+                && x.is_nullable() == y.is_nullable()
+        })
+}
+
+impl Manifest {
+    /// An empty store's manifest.
+    pub fn empty() -> Self {
+        Self {
+            format: FORMAT,
+            ..Self::default()
+        }
+    }
+
+    /// Reads `dir/MANIFEST`; `None` when there is none.
+    pub fn load(io: &dyn StorageIo, dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(MANIFEST_FILE);
+        if !io.exists(&path)? {
+            return Ok(None);
+        }
+        let bytes = io.read(&path)?;
+        let bad = |message: &str| Error::CorruptState {
+            context: path.display().to_string(),
+            message: message.to_string(),
+        };
+        if bytes.len() < 20 || &bytes[..8] != MAGIC {
+            return Err(bad("not a manifest of this store (bad magic or truncated)"));
+        }
+        let crc = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&bytes[12..20]);
+        let len = u64::from_le_bytes(len);
+        let body = &bytes[20..];
+        if body.len() as u64 != len {
+            return Err(bad("length mismatch (truncated manifest)"));
+        }
+        if crc32fast::hash(body) != crc {
+            return Err(bad("checksum mismatch"));
+        }
+        let manifest: Manifest =
+            serde_json::from_slice(body).map_err(|e| bad(&format!("malformed manifest: {e}")))?;
+        if manifest.format != FORMAT {
+            return Err(bad(&format!(
+                "format {} is not the supported format {FORMAT}",
+                manifest.format
+            )));
+        }
+        Ok(Some(manifest))
+    }
+
+    /// Atomically replaces `dir/MANIFEST` with this manifest.
+    pub fn store(&self, io: &dyn StorageIo, dir: &Path) -> Result<()> {
+        let body = serde_json::to_vec(self)
+            .map_err(|e| Error::Internal(format!("manifest encoding: {e}")))?;
+        let mut bytes = Vec::with_capacity(body.len() + 20);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        let tmp = dir.join(MANIFEST_TMP);
+        let mut file = io.create(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync()?;
+        drop(file);
+        io.rename(&tmp, &dir.join(MANIFEST_FILE))?;
+        io.sync_dir(dir)?;
+        Ok(())
+    }
+
+    /// The path of run file `id` in `dir`.
+    pub fn file_path(dir: &Path, id: u64) -> PathBuf {
+        dir.join(run_file_name(id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::io::RealIo;
+    use arrow_schema::{DataType, Field};
+    use std::sync::Arc;
+
+    #[test]
+    fn round_trips_and_rejects_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = RealIo;
+        assert!(Manifest::load(&io, dir.path()).unwrap().is_none());
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Date64, true),
+        ]));
+        let desc = TableDesc::new("t", schema, vec![KeyColumn::desc("k")])
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(8).unwrap());
+        let mut m = Manifest::empty();
+        m.committed_epoch = Some(5);
+        m.meta.insert("dataset".into(), "x".into());
+        m.tables.push(TableEntry::of(&desc).unwrap());
+        m.store(&io, dir.path()).unwrap();
+        let back = Manifest::load(&io, dir.path()).unwrap().unwrap();
+        assert_eq!(back, m);
+        let d = back.tables[0].desc(dir.path()).unwrap();
+        assert!(same_schema(d.schema(), desc.schema()));
+        assert_eq!(d.pk().columns(), desc.pk().columns());
+        assert_eq!(d.vnode_count(), desc.vnode_count());
+        let path = dir.path().join(MANIFEST_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Manifest::load(&io, dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("MANIFEST") && err.contains("checksum"),
+            "{err}"
+        );
+        std::fs::write(&path, &bytes[..10]).unwrap();
+        assert!(Manifest::load(&io, dir.path()).is_err());
+    }
+
+    #[test]
+    fn run_file_names_parse_back() {
+        assert_eq!(run_file_id(&run_file_name(42)), Some(42));
+        assert_eq!(run_file_id("run-42.arrow"), None);
+        assert_eq!(run_file_id("notes.txt"), None);
+    }
+}
