@@ -139,6 +139,23 @@ pub enum Error {
         /// What differs.
         message: String,
     },
+    /// The job was stopped by a signal; committed checkpoints stay and the job resumes from
+    /// them when run again.
+    #[error(
+        "interrupted by {signal}: {}; run the same command again to resume",
+        match .committed {
+            Some(e) => format!("the state is committed up to epoch {e}"),
+            None => "nothing was committed yet".to_string(),
+        }
+    )]
+    Interrupted {
+        /// The signal's name.
+        signal: &'static str,
+        /// The exit status to use (128 + the signal number).
+        code: u8,
+        /// The committed epoch at the stop.
+        committed: Option<u64>,
+    },
     /// An earlier I/O failure left the store's on-disk state unknown: reopen it.
     #[error("the store failed and must be reopened: {0}")]
     StoreFailed(String),
@@ -171,6 +188,16 @@ impl Error {
                 | Error::Locked { .. }
                 | Error::StateConflict { .. }
         )
+    }
+
+    /// The command-line exit status for this error: 2 for bad input, 128 + the signal for
+    /// an interruption, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Interrupted { code, .. } => *code,
+            e if e.is_bad_input() => 2,
+            _ => 1,
+        }
     }
 
     /// An [`Error::Dataset`] error.

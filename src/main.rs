@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use arrangement_backfill::Result;
 use arrangement_backfill::backfill::executor::SnapshotOrder;
 use arrangement_backfill::job::replay::{
-    ReplayOptions, ReplayProgress, ReplaySummary, default_out_dir, run_replay,
+    Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, STATE_DIR, StateChoice,
+    default_out_dir, run_replay_until,
 };
 use arrangement_backfill::replay::{
     Dataset, GenKind, GenOptions, SyntheticShape, generate, verify,
@@ -64,6 +65,16 @@ struct ReplayArgs {
     /// Output directory [default: out/DATASET-NAME].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// State directory of the durable store [default: OUT/state]. Running the same command
+    /// again after any stop resumes from the last committed checkpoint.
+    #[arg(long, conflicts_with = "memory")]
+    state: Option<PathBuf>,
+    /// Keep the state in memory instead (faster, not resumable).
+    #[arg(long)]
+    memory: bool,
+    /// Discard the state and output of an earlier run instead of resuming it.
+    #[arg(long)]
+    fresh: bool,
     /// Vnodes of the upstream table (1 to 32768).
     #[arg(long, default_value_t = 256)]
     vnodes: usize,
@@ -155,11 +166,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            if e.is_bad_input() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -217,8 +224,14 @@ fn replay(args: ReplayArgs) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| default_out_dir(&dataset));
+    let mut options = ReplayOptions::new(out.clone());
+    options.state = match (args.memory, &args.state) {
+        (true, _) => StateChoice::Memory,
+        (false, Some(dir)) => StateChoice::Durable(dir.clone()),
+        (false, None) => StateChoice::Durable(out.join(STATE_DIR)),
+    };
+    options.fresh = args.fresh;
     let options = ReplayOptions {
-        out: out.clone(),
         vnodes: VnodeCount::new(args.vnodes)?,
         batch_size: args.batch_size,
         order: match args.order {
@@ -229,6 +242,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         barrier_interval: args.barrier_interval_ms.map(Duration::from_millis),
         rate_limit: args.rate_limit,
         upstream_rate: args.upstream_rate,
+        ..options
     };
     let mode = args.progress.unwrap_or(if std::io::stderr().is_terminal() {
         ProgressArg::Bar
@@ -239,10 +253,25 @@ fn replay(args: ReplayArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let summary = runtime.block_on(run_replay(&dataset, &options, |p| display.update(p)));
+    let summary = runtime.block_on(run_replay_until(
+        &dataset,
+        &options,
+        |p| display.update(p),
+        shutdown_signal(),
+    ));
     display.finish();
     let summary = summary?;
-    print_summary(dataset.name(), &summary);
+    if summary.already_finished {
+        say!(
+            "replay of {} already finished (checkpoint epoch {}): its output is complete in {}; \
+             use --fresh to run it again",
+            dataset.name(),
+            summary.resumed_from.unwrap_or(0),
+            out.join("changes").display()
+        );
+    } else {
+        print_summary(dataset.name(), &summary);
+    }
     if args.verify {
         let report = verify(&dataset, &out)?;
         say!(
@@ -253,6 +282,21 @@ fn replay(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
+/// Completes on the first SIGINT or SIGTERM (never, if the handlers cannot be installed).
+async fn shutdown_signal() -> Interrupt {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => Interrupt::Interrupt,
+        _ = term.recv() => Interrupt::Terminate,
+    }
+}
+
 fn print_summary(name: &str, s: &ReplaySummary) {
     let secs = s.elapsed.as_secs_f64().max(1e-9);
     let rows = s.snapshot_rows + s.upstream_changes;
@@ -261,6 +305,12 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.elapsed,
         s.load_time
     );
+    if let Some(epoch) = s.resumed_from {
+        say!(
+            "  resumed from checkpoint epoch {epoch} ({} changes already applied)",
+            s.changes_already_applied
+        );
+    }
     say!("  snapshot rows     {:>12}", s.snapshot_rows);
     say!("  upstream changes  {:>12}", s.upstream_changes);
     say!(

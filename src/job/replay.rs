@@ -1,9 +1,10 @@
-//! A replay job: a dataset's snapshot and changelog through a backfill into Parquet files.
+//! A replay job: a dataset's snapshot and changelog through a backfill into Parquet files,
+//! resumable after any stop.
 //!
 //! ```text
-//!   snapshot/*.parquet ──bulk load (rayon)──▶ upstream table @ epoch 1 (committed)
+//!   snapshot/*.parquet ──bulk load──▶ upstream table @ epoch 1 (committed)
 //!                                                     │ replicated scans
-//!   changes/*.parquet ──▶ source task ──bounded──▶ backfill executor ──▶ sink (2PC) ──▶ out/changes/
+//!   changes/*.parquet ──▶ source task ──bounded──▶ backfill executor ──▶ sink (2PC) ──▶ OUT/changes/
 //!                          (materialize: write       (k-way merge,        epoch-<e>.parquet
 //!                           upstream, seal, inject    filter, progress)
 //!                           barriers, pace)
@@ -13,14 +14,32 @@
 //! distinct dataset `_epoch` ends with a barrier (and, with a barrier interval, a long epoch
 //! is split by extra barriers). When the changelog is exhausted, barriers keep coming at the
 //! interval until the backfill reports it has finished; then one last checkpoint barrier
-//! carries `Stop`. The consumer commits every checkpoint: prepare the file, commit the store,
-//! publish the file.
+//! carries `Stop`. The consumer commits every checkpoint: prepare the file, commit the store
+//! (with the job record below), publish the file.
+//!
+//! # Resuming
+//! With the durable store (the default, in `OUT/state`) every checkpoint commits, atomically
+//! with the upstream table and the backfill's progress, a job record in the store's meta:
+//! - `replay.job`: the job's identity (dataset name, columns, keys, vnode count, input files
+//!   and sizes); a state directory of another job is refused;
+//! - `replay.changes_applied`: changelog rows applied upstream as of the committed epoch;
+//! - `replay.finished`: set by the final `Stop` checkpoint.
+//!
+//! Running the same replay again resumes from the last committed checkpoint: the sink rolls
+//! committed `.tmp` files forward and removes uncommitted ones, the changelog is re-applied
+//! from the first uncommitted row, the backfill restores each vnode's position (Completed
+//! vnodes are never read again), and barriers continue after the committed epoch. A finished
+//! job says so and does nothing. The output directory is locked (`OUT/.lock`) for the run.
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::backfill::core::BackfillStats;
@@ -30,7 +49,10 @@ use crate::error::{Error, Result};
 use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
 use crate::replay::Dataset;
-use crate::store::{MemoryStore, StateStore, StateTable};
+use crate::store::durable::{self, DirLock};
+use crate::store::io::{RealIo, StorageIo};
+use crate::store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
+use crate::table::{TableDesc, describe};
 use crate::vnode::{VnodeBitmap, VnodeCount};
 
 /// The epoch the snapshot is committed at.
@@ -41,12 +63,33 @@ const LOAD_BATCH_ROWS: usize = 64 * 1024;
 const CHANNEL_CAPACITY: usize = 64;
 /// The barrier interval once the changelog is exhausted, when none is configured.
 const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
+/// The output directory's lock file.
+pub const OUT_LOCK_FILE: &str = ".lock";
+/// The state directory inside the output directory, by default.
+pub const STATE_DIR: &str = "state";
+
+const META_JOB: &str = "replay.job";
+const META_APPLIED: &str = "replay.changes_applied";
+const META_FINISHED: &str = "replay.finished";
+
+/// Where a replay keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateChoice {
+    /// The durable store in this directory: resumable.
+    Durable(PathBuf),
+    /// The in-memory store: fast, gone when the process ends.
+    Memory,
+}
 
 /// Settings of a replay.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
     /// The output directory (`changes/` goes inside).
     pub out: PathBuf,
+    /// Where the state lives.
+    pub state: StateChoice,
+    /// Discard the state and output of an earlier run instead of resuming it.
+    pub fresh: bool,
     /// Vnodes of the upstream table.
     pub vnodes: VnodeCount,
     /// Rows per snapshot output batch and per change chunk.
@@ -61,14 +104,21 @@ pub struct ReplayOptions {
     pub rate_limit: Option<u64>,
     /// Changelog rows per second (`None`: as fast as the backfill takes them).
     pub upstream_rate: Option<u64>,
+    /// Settings of the durable store.
+    pub durable: DurableOptions,
+    /// The file I/O of the durable store and the sink (tests inject faults here).
+    pub io: Arc<dyn StorageIo>,
 }
 
 impl ReplayOptions {
-    /// Defaults for `out`: 256 vnodes, batches of 1024, merged order, a checkpoint at every
-    /// barrier, no limits.
+    /// Defaults for `out`: durable state in `out/state`, 256 vnodes, batches of 1024, merged
+    /// order, a checkpoint at every barrier, no limits.
     pub fn new(out: impl Into<PathBuf>) -> Self {
+        let out = out.into();
         Self {
-            out: out.into(),
+            state: StateChoice::Durable(out.join(STATE_DIR)),
+            out,
+            fresh: false,
             vnodes: VnodeCount::DEFAULT,
             batch_size: 1024,
             order: SnapshotOrder::Merged,
@@ -76,6 +126,8 @@ impl ReplayOptions {
             barrier_interval: None,
             rate_limit: None,
             upstream_rate: None,
+            durable: DurableOptions::default(),
+            io: RealIo::shared(),
         }
     }
 }
@@ -87,152 +139,515 @@ pub struct ReplayProgress {
     pub snapshot_total: u64,
     /// The backfill's counters.
     pub backfill: BackfillStats,
-    /// Changelog rows applied upstream so far.
+    /// Changelog rows applied upstream so far (including before a resume).
     pub upstream_changes: u64,
-    /// Rows published to the output.
+    /// Rows published to the output by this run.
     pub output_rows: u64,
 }
 
 /// What a replay did.
 #[derive(Debug, Clone)]
 pub struct ReplaySummary {
-    /// Snapshot rows loaded.
+    /// Snapshot rows in the dataset.
     pub snapshot_rows: u64,
-    /// Changelog rows applied upstream.
+    /// Changelog rows applied upstream by this run.
     pub upstream_changes: u64,
-    /// Downstream rows written.
+    /// Downstream rows written by this run.
     pub output_rows: u64,
-    /// Output files written.
+    /// Output files written by this run.
     pub output_files: u64,
-    /// Barriers (epochs) the job went through.
+    /// Barriers (epochs) this run went through.
     pub epochs: u64,
-    /// Checkpoints committed.
+    /// Checkpoints this run committed.
     pub checkpoints: u64,
     /// Wall time from the start of the load to the last commit.
     pub elapsed: Duration,
-    /// Time spent bulk loading the snapshot.
+    /// Time spent bulk loading the snapshot (zero when resumed).
     pub load_time: Duration,
     /// The output directory.
     pub out: PathBuf,
+    /// The committed epoch this run resumed from, if it resumed.
+    pub resumed_from: Option<u64>,
+    /// Changelog rows that were already applied when this run started.
+    pub changes_already_applied: u64,
+    /// The job had finished before this run: nothing was done.
+    pub already_finished: bool,
 }
 
-/// Replays `dataset`: validates it (nothing is written on bad input), loads the snapshot,
-/// backfills while the changelog is applied, writes the output. `on_progress` is called
-/// with fresh counters as the job goes.
+/// Why a replay stopped early at the user's request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+}
+
+impl Interrupt {
+    /// The signal's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Interrupt::Interrupt => "SIGINT",
+            Interrupt::Terminate => "SIGTERM",
+        }
+    }
+
+    /// The conventional exit status: 128 + the signal number.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Interrupt::Interrupt => 130,
+            Interrupt::Terminate => 143,
+        }
+    }
+}
+
+/// Replays `dataset` (see the module docs): validates it (nothing is written on bad input),
+/// then loads the snapshot or resumes from the last checkpoint, backfills while the
+/// changelog is applied, writes the output. `on_progress` is called with fresh counters as
+/// the job goes.
 pub async fn run_replay(
     dataset: &Dataset,
     options: &ReplayOptions,
-    mut on_progress: impl FnMut(&ReplayProgress),
+    on_progress: impl FnMut(&ReplayProgress),
+) -> Result<ReplaySummary> {
+    run_replay_until(dataset, options, on_progress, std::future::pending()).await
+}
+
+/// [`run_replay`], stopped cleanly when `interrupted` completes: the current epoch is
+/// abandoned (committed checkpoints stay; nothing half-written is left in the output) and the
+/// result is an [`Error::Interrupted`] naming the epoch to resume from.
+pub async fn run_replay_until(
+    dataset: &Dataset,
+    options: &ReplayOptions,
+    on_progress: impl FnMut(&ReplayProgress),
+    interrupted: impl Future<Output = Interrupt>,
 ) -> Result<ReplaySummary> {
     if options.batch_size == 0 {
         return Err(Error::InvalidConfig("batch size must be at least 1".into()));
     }
-    let injector = BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
+    BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
+    check_out_dir(dataset, &options.out)?;
     let summary = dataset.validate()?;
-    let started = Instant::now();
-
-    // The upstream table, bulk loaded and committed at the snapshot epoch.
-    let store = MemoryStore::new();
-    let desc = store.create_table(dataset.table_desc(options.vnodes)?)?;
-    let all = VnodeBitmap::full(desc.vnode_count());
-    let mut upstream = store.table(desc.name(), all.clone())?;
-    let load_started = Instant::now();
-    for batch in dataset.read_snapshot(LOAD_BATCH_ROWS)? {
-        upstream.write(&StreamChunk::inserts(batch?))?;
+    let desc = dataset.table_desc(options.vnodes)?;
+    let io = options.io.clone();
+    io.create_dir_all(&options.out)?;
+    let _out_lock = DirLock::acquire_file(&options.out.join(OUT_LOCK_FILE))?;
+    match &options.state {
+        StateChoice::Memory => {
+            let job = Job::new(
+                MemoryStore::new(),
+                dataset,
+                options,
+                desc,
+                summary.snapshot_rows,
+            )?;
+            job.run(on_progress, interrupted).await
+        }
+        StateChoice::Durable(dir) => {
+            if options.fresh {
+                durable::destroy(io.as_ref(), dir)?;
+            }
+            let mut store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
+            if store.committed_epoch()?.is_none() {
+                // Nothing was ever committed (a run that died during its load): start clean.
+                drop(store);
+                durable::destroy(io.as_ref(), dir)?;
+                store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
+            }
+            let job = Job::new(store, dataset, options, desc, summary.snapshot_rows)?;
+            job.run(on_progress, interrupted).await
+        }
     }
-    upstream.seal(SNAPSHOT_EPOCH)?;
-    store.commit(SNAPSHOT_EPOCH)?;
-    let load_time = load_started.elapsed();
+}
 
-    let mut sink = ParquetSink::create(&options.out, desc.schema())?;
-    let config = BackfillConfig {
-        batch_size: options.batch_size,
-        order: options.order,
-        rate_limit: options.rate_limit,
-        progress_table: None,
-    };
-    let executor = BackfillExecutor::arrangement(&store, desc.name(), all, config)?;
-    let stats = executor.progress();
-    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-    let source = Source {
-        dataset: dataset.clone(),
-        upstream,
-        injector,
-        tx,
-        stats: stats.clone(),
-        batch_size: options.batch_size,
-        barrier_interval: options.barrier_interval,
-        upstream_rate: options.upstream_rate,
-    };
-    let (changes_tx, changes_rx) = watch::channel(0u64);
-    let source_task = tokio::spawn(source.run(changes_tx));
-
-    let mut downstream = Box::pin(executor.execute(rx));
-    let mut progress = ReplayProgress {
-        snapshot_total: summary.snapshot_rows,
-        ..ReplayProgress::default()
-    };
-    let (mut epochs, mut checkpoints) = (0u64, 0u64);
-    let mut open_epoch = SNAPSHOT_EPOCH;
-    while let Some(message) = downstream.next().await {
-        match message? {
-            Message::Chunk(chunk) => sink.push(open_epoch, chunk),
-            Message::Watermark(_) => {}
-            Message::Barrier(barrier) => {
-                epochs += 1;
-                open_epoch = barrier.epoch.curr;
-                if barrier.is_checkpoint() && barrier.epoch.prev > SNAPSHOT_EPOCH {
-                    let prepared = sink.prepare(barrier.epoch.prev)?;
-                    store.commit(barrier.epoch.prev)?;
-                    if let Some(prepared) = prepared {
-                        sink.publish(prepared)?;
-                    }
-                    checkpoints += 1;
+/// Refuses an output directory that is, contains or lies inside the dataset directory: the
+/// output would mix with (or its cleanup delete) the input.
+fn check_out_dir(dataset: &Dataset, out: &Path) -> Result<()> {
+    let absolute = |p: &Path| -> PathBuf {
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            std::env::current_dir().map_or_else(|_| p.to_path_buf(), |d| d.join(p))
+        };
+        // Resolve what exists (symlinks included); keep the rest as written, normalised.
+        let mut existing = p.as_path();
+        let mut rest = Vec::new();
+        while !existing.exists() {
+            match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name.to_os_string());
+                    existing = parent;
                 }
+                _ => break,
             }
         }
-        progress.backfill = stats.borrow().clone();
-        progress.upstream_changes = *changes_rx.borrow();
-        progress.output_rows = sink.rows_published();
-        on_progress(&progress);
+        let mut resolved = existing
+            .canonicalize()
+            .unwrap_or_else(|_| existing.to_path_buf());
+        for name in rest.into_iter().rev() {
+            resolved.push(name);
+        }
+        resolved
+    };
+    let data = absolute(dataset.dir());
+    let out_abs = absolute(out);
+    if out_abs.starts_with(&data) || data.starts_with(&out_abs) {
+        return Err(Error::InvalidConfig(format!(
+            "the output directory {} overlaps the dataset directory {}: the replay would write \
+             into (or clean up) its input; choose an --out outside the dataset",
+            out.display(),
+            dataset.dir().display()
+        )));
     }
-    let upstream_changes = source_task
-        .await
-        .map_err(|e| Error::Internal(format!("the source task failed: {e}")))??;
-    if !stats.borrow().finished {
-        return Err(Error::Internal(
-            "the job stopped before the backfill finished".into(),
-        ));
+    Ok(())
+}
+
+/// The identity of a replay job, recorded in the state so that a state directory is never
+/// used for another job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct JobIdentity {
+    dataset: String,
+    columns: String,
+    primary_key: Vec<String>,
+    distribution_key: Vec<String>,
+    vnodes: usize,
+    snapshot_files: Vec<(String, u64)>,
+    change_files: Vec<(String, u64)>,
+}
+
+impl JobIdentity {
+    fn of(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
+        let files = |paths: &[PathBuf]| -> Result<Vec<(String, u64)>> {
+            paths
+                .iter()
+                .map(|p| {
+                    let len = std::fs::metadata(p)
+                        .map_err(|e| crate::store::io::named(p, e))?
+                        .len();
+                    let name = p
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    Ok((name, len))
+                })
+                .collect()
+        };
+        let m = dataset.manifest();
+        Ok(Self {
+            dataset: dataset.name().to_string(),
+            columns: describe(desc.schema()),
+            primary_key: desc
+                .pk()
+                .columns()
+                .iter()
+                .map(|c| {
+                    let dir = if c.descending { " desc" } else { "" };
+                    format!("{}{dir}", c.name)
+                })
+                .collect(),
+            distribution_key: m.distribution_key().to_vec(),
+            vnodes: desc.vnode_count().get(),
+            snapshot_files: files(dataset.snapshot_files())?,
+            change_files: files(dataset.change_files())?,
+        })
     }
-    Ok(ReplaySummary {
-        snapshot_rows: summary.snapshot_rows,
-        upstream_changes,
-        output_rows: sink.rows_published(),
-        output_files: sink.files_published(),
-        epochs,
-        checkpoints,
-        elapsed: started.elapsed(),
-        load_time,
-        out: options.out.clone(),
-    })
+
+    /// What differs from `other`, for the error message.
+    fn differences(&self, other: &Self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |what: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{what}: the state has {a}, this run {b}"));
+            }
+        };
+        check("dataset", self.dataset.clone(), other.dataset.clone());
+        check("columns", self.columns.clone(), other.columns.clone());
+        check(
+            "primary key",
+            format!("{:?}", self.primary_key),
+            format!("{:?}", other.primary_key),
+        );
+        check(
+            "distribution key",
+            format!("{:?}", self.distribution_key),
+            format!("{:?}", other.distribution_key),
+        );
+        check(
+            "vnode count",
+            self.vnodes.to_string(),
+            other.vnodes.to_string(),
+        );
+        check(
+            "snapshot files",
+            format!("{:?}", self.snapshot_files),
+            format!("{:?}", other.snapshot_files),
+        );
+        check(
+            "change files",
+            format!("{:?}", self.change_files),
+            format!("{:?}", other.change_files),
+        );
+        out
+    }
+}
+
+/// One replay on a store.
+struct Job<'a, S: StateStore> {
+    store: S,
+    dataset: &'a Dataset,
+    options: &'a ReplayOptions,
+    desc: TableDesc,
+    snapshot_rows: u64,
+    identity: JobIdentity,
+}
+
+impl<'a, S: StateStore> Job<'a, S> {
+    fn new(
+        store: S,
+        dataset: &'a Dataset,
+        options: &'a ReplayOptions,
+        desc: TableDesc,
+        snapshot_rows: u64,
+    ) -> Result<Self> {
+        let identity = JobIdentity::of(dataset, &desc)?;
+        Ok(Self {
+            store,
+            dataset,
+            options,
+            desc,
+            snapshot_rows,
+            identity,
+        })
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        match &self.options.state {
+            StateChoice::Durable(dir) => dir.clone(),
+            StateChoice::Memory => PathBuf::from("(memory)"),
+        }
+    }
+
+    /// The committed job record: `(committed epoch, changes applied, finished)`, or `None`
+    /// for a new job. A record of another job is an error.
+    fn committed_record(&self) -> Result<Option<(u64, u64, bool)>> {
+        let Some(epoch) = self.store.committed_epoch()? else {
+            return Ok(None);
+        };
+        let conflict = |message: String| Error::StateConflict {
+            path: self.state_dir(),
+            message,
+        };
+        let recorded = self.store.meta(META_JOB)?.ok_or_else(|| {
+            conflict("holds state that no replay recorded; use --fresh to discard it".into())
+        })?;
+        let recorded: JobIdentity = serde_json::from_str(&recorded).map_err(|e| {
+            conflict(format!(
+                "unreadable job record ({e}); use --fresh to discard it"
+            ))
+        })?;
+        let differences = recorded.differences(&self.identity);
+        if !differences.is_empty() {
+            return Err(conflict(format!(
+                "was made for another replay ({}); use --fresh to discard it or --state to \
+                 choose another directory",
+                differences.join("; ")
+            )));
+        }
+        let applied = self
+            .store
+            .meta(META_APPLIED)?
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| conflict("the job record lacks the changelog position".into()))?;
+        let finished = self.store.meta(META_FINISHED)?.as_deref() == Some("true");
+        Ok(Some((epoch, applied, finished)))
+    }
+
+    async fn run(
+        self,
+        mut on_progress: impl FnMut(&ReplayProgress),
+        interrupted: impl Future<Output = Interrupt>,
+    ) -> Result<ReplaySummary> {
+        let started = Instant::now();
+        let record = self.committed_record()?;
+        let store = &self.store;
+        let name = self.desc.name().to_string();
+        let mut sink = ParquetSink::open(
+            self.options.io.clone(),
+            &self.options.out,
+            self.desc.schema(),
+            record.map(|(epoch, _, _)| epoch),
+        )?;
+        let mut summary = ReplaySummary {
+            snapshot_rows: self.snapshot_rows,
+            upstream_changes: 0,
+            output_rows: 0,
+            output_files: 0,
+            epochs: 0,
+            checkpoints: 0,
+            elapsed: Duration::ZERO,
+            load_time: Duration::ZERO,
+            out: self.options.out.clone(),
+            resumed_from: record.map(|(epoch, _, _)| epoch),
+            changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
+            already_finished: record.is_some_and(|(_, _, finished)| finished),
+        };
+        if summary.already_finished {
+            summary.elapsed = started.elapsed();
+            return Ok(summary);
+        }
+        let all = VnodeBitmap::full(self.desc.vnode_count());
+        let (committed, applied) = match record {
+            Some((epoch, applied, _)) => (epoch, applied),
+            None => {
+                // The upstream table, bulk loaded and committed at the snapshot epoch.
+                let load_started = Instant::now();
+                store.create_table(self.desc.clone())?;
+                let mut upstream = store.table(&name, all.clone())?;
+                for batch in self.dataset.read_snapshot(LOAD_BATCH_ROWS)? {
+                    upstream.write(&StreamChunk::inserts(batch?))?;
+                }
+                upstream.seal(SNAPSHOT_EPOCH)?;
+                let identity = serde_json::to_string(&self.identity)
+                    .map_err(|e| Error::Internal(format!("job record: {e}")))?;
+                store.stage_meta(META_JOB, &identity)?;
+                store.stage_meta(META_APPLIED, "0")?;
+                store.commit(SNAPSHOT_EPOCH)?;
+                summary.load_time = load_started.elapsed();
+                (SNAPSHOT_EPOCH, 0)
+            }
+        };
+        let upstream = store.table(&name, all.clone())?;
+        let injector = BarrierInjector::new(committed, self.options.checkpoint_every)?;
+        let config = BackfillConfig {
+            batch_size: self.options.batch_size,
+            order: self.options.order,
+            rate_limit: self.options.rate_limit,
+            progress_table: None,
+        };
+        let executor = BackfillExecutor::arrangement(store, &name, all, config)?;
+        let stats = executor.progress();
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+        let source = Source {
+            dataset: self.dataset.clone(),
+            upstream,
+            injector,
+            tx,
+            stats: stats.clone(),
+            batch_size: self.options.batch_size,
+            barrier_interval: self.options.barrier_interval,
+            upstream_rate: self.options.upstream_rate,
+            skip: applied,
+            applied_at: applied_at.clone(),
+        };
+        let (changes_tx, changes_rx) = watch::channel(applied);
+        let source_task = tokio::spawn(source.run(changes_tx));
+        // Abort the source if this future is dropped or stops early.
+        let source_guard = AbortOnDrop(source_task.abort_handle());
+
+        let mut downstream = Box::pin(executor.execute(rx));
+        let mut progress = ReplayProgress {
+            snapshot_total: self.snapshot_rows,
+            ..ReplayProgress::default()
+        };
+        let mut open_epoch = committed;
+        let mut interrupted = std::pin::pin!(interrupted);
+        loop {
+            let message = tokio::select! {
+                biased;
+                signal = &mut interrupted => {
+                    drop(source_guard);
+                    return Err(Error::Interrupted {
+                        signal: signal.name(),
+                        code: signal.exit_code(),
+                        committed: store.committed_epoch()?,
+                    });
+                }
+                message = downstream.next() => message,
+            };
+            let Some(message) = message else { break };
+            match message? {
+                Message::Chunk(chunk) => sink.push(open_epoch, chunk),
+                Message::Watermark(_) => {}
+                Message::Barrier(barrier) => {
+                    summary.epochs += 1;
+                    open_epoch = barrier.epoch.curr;
+                    let prev = barrier.epoch.prev;
+                    if barrier.is_checkpoint() && prev > committed {
+                        let rows = {
+                            let mut map = applied_at
+                                .lock()
+                                .map_err(|_| Error::Internal("applied map poisoned".into()))?;
+                            let rows = map.get(&prev).copied().ok_or_else(|| {
+                                Error::Internal(format!("no changelog position for epoch {prev}"))
+                            })?;
+                            *map = map.split_off(&(prev + 1));
+                            rows
+                        };
+                        store.stage_meta(META_APPLIED, &rows.to_string())?;
+                        if barrier.mutation == Some(Mutation::Stop) {
+                            store.stage_meta(META_FINISHED, "true")?;
+                        }
+                        let prepared = sink.prepare(prev)?;
+                        store.commit(prev)?;
+                        if let Some(prepared) = prepared {
+                            sink.publish(prepared)?;
+                        }
+                        summary.checkpoints += 1;
+                    }
+                }
+            }
+            progress.backfill = stats.borrow().clone();
+            progress.upstream_changes = *changes_rx.borrow();
+            progress.output_rows = sink.rows_published();
+            on_progress(&progress);
+        }
+        let total_applied = source_task
+            .await
+            .map_err(|e| Error::Internal(format!("the source task failed: {e}")))??;
+        drop(source_guard);
+        if !stats.borrow().finished {
+            return Err(Error::Internal(
+                "the job stopped before the backfill finished".into(),
+            ));
+        }
+        summary.upstream_changes = total_applied - applied;
+        summary.output_rows = sink.rows_published();
+        summary.output_files = sink.files_published();
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The upstream source and materialize: applies the changelog to the upstream table and
 /// sends it, with barriers, to the backfill.
-struct Source {
+struct Source<T: StateTable> {
     dataset: Dataset,
-    upstream: crate::store::MemoryTable,
+    upstream: T,
     injector: BarrierInjector,
     tx: mpsc::Sender<Result<Message>>,
     stats: watch::Receiver<BackfillStats>,
     batch_size: usize,
     barrier_interval: Option<Duration>,
     upstream_rate: Option<u64>,
+    /// Changelog rows already applied (committed) before this run: skipped.
+    skip: u64,
+    /// Changelog rows applied as of each sealed epoch (the job record of its checkpoint).
+    applied_at: Arc<Mutex<BTreeMap<u64, u64>>>,
 }
 
-impl Source {
-    /// Runs to the final `Stop` barrier; returns the changelog rows applied. Errors are also
-    /// sent downstream, so the job fails with them.
+impl<T: StateTable> Source<T> {
+    /// Runs to the final `Stop` barrier; returns the changelog rows applied in all (those
+    /// skipped included). Errors are also sent downstream, so the job fails with them.
     async fn run(mut self, applied: watch::Sender<u64>) -> Result<u64> {
         match self.replay(&applied).await {
             Ok(rows) => Ok(rows),
@@ -248,28 +663,45 @@ impl Source {
     async fn replay(&mut self, applied: &watch::Sender<u64>) -> Result<u64> {
         let started = Instant::now();
         let mut last_barrier = Instant::now();
-        let mut rows = 0u64;
+        let mut rows = self.skip;
+        let mut skip = self.skip;
+        let mut paced = 0u64;
         let mut dataset_epoch: Option<u64> = None;
         let mut dirty = false;
-        // The first barrier closes the snapshot epoch, which the load already sealed.
+        // The first barrier closes the committed epoch, which the store already holds.
         let first = self.injector.next(None);
         self.send(Message::Barrier(first)).await?;
         for item in self.dataset.read_changes(self.batch_size)? {
-            let item = item?;
+            let mut item = item?;
+            if skip > 0 {
+                let n = item.chunk.num_rows() as u64;
+                if skip >= n {
+                    skip -= n;
+                    continue;
+                }
+                // Committed checkpoints end between update pairs, so this cut is clean.
+                let from = skip as usize;
+                let (batch, ops) = item.chunk.into_parts();
+                let len = batch.num_rows() - from;
+                item.chunk = StreamChunk::new(batch.slice(from, len), ops[from..].to_vec())?;
+                skip = 0;
+            }
             // A new dataset epoch: close the previous one, unless an interval barrier did.
             if dataset_epoch.is_some_and(|e| e != item.epoch) && dirty {
-                self.barrier(None).await?;
+                self.barrier(None, rows).await?;
                 last_barrier = Instant::now();
             }
             dataset_epoch = Some(item.epoch);
             if let Some(rate) = self.upstream_rate.filter(|r| *r > 0) {
-                let due = Duration::from_secs_f64(rows as f64 / rate as f64);
+                let due = Duration::from_secs_f64(paced as f64 / rate as f64);
                 if let Some(wait) = due.checked_sub(started.elapsed()) {
                     tokio::time::sleep(wait).await;
                 }
             }
             self.upstream.write(&item.chunk)?;
-            rows += item.chunk.num_rows() as u64;
+            let n = item.chunk.num_rows() as u64;
+            rows += n;
+            paced += n;
             dirty = true;
             self.send(Message::Chunk(item.chunk)).await?;
             applied.send_replace(rows);
@@ -277,14 +709,24 @@ impl Source {
                 .barrier_interval
                 .is_some_and(|interval| last_barrier.elapsed() >= interval)
             {
-                self.barrier(None).await?;
+                self.barrier(None, rows).await?;
                 last_barrier = Instant::now();
                 dirty = false;
             }
         }
+        if skip > 0 {
+            return Err(Error::StateConflict {
+                path: self.dataset.dir().to_path_buf(),
+                message: format!(
+                    "the state says {} changelog rows were applied, but the changelog has only {}",
+                    self.skip,
+                    self.skip - skip
+                ),
+            });
+        }
         // Close the last dataset epoch.
         if dirty {
-            self.barrier(None).await?;
+            self.barrier(None, rows).await?;
         }
         // The changelog is exhausted: keep the epochs turning until the backfill finishes.
         // A barrier goes out at the interval, or as soon as every vnode is read to the end
@@ -298,13 +740,13 @@ impl Source {
             if self.stats.borrow().finished {
                 break;
             }
-            self.barrier(None).await?;
+            self.barrier(None, rows).await?;
             if read {
                 // Give that barrier the time to pass before sending another.
                 self.wait_for(idle, |s| s.finished).await;
             }
         }
-        self.barrier(Some(Mutation::Stop)).await?;
+        self.barrier(Some(Mutation::Stop), rows).await?;
         Ok(rows)
     }
 
@@ -324,10 +766,15 @@ impl Source {
         .unwrap_or(false)
     }
 
-    /// Seals the open epoch upstream and sends its closing barrier.
-    async fn barrier(&mut self, mutation: Option<Mutation>) -> Result<()> {
+    /// Seals the open epoch upstream (with `rows` changelog rows applied as of it) and sends
+    /// its closing barrier.
+    async fn barrier(&mut self, mutation: Option<Mutation>, rows: u64) -> Result<()> {
         let barrier = self.injector.next(mutation);
         self.upstream.seal(barrier.epoch.prev)?;
+        self.applied_at
+            .lock()
+            .map_err(|_| Error::Internal("applied map poisoned".into()))?
+            .insert(barrier.epoch.prev, rows);
         self.send(Message::Barrier(barrier)).await
     }
 
@@ -339,7 +786,45 @@ impl Source {
     }
 }
 
-/// The default output directory of a dataset: `out/<dataset name>`.
+/// The default output directory of a dataset: `out/<dataset name>`, with the name reduced to
+/// a safe single path component (an untrusted name such as `/x` or `../y` never leaves
+/// `out/`).
 pub fn default_out_dir(dataset: &Dataset) -> PathBuf {
-    Path::new("out").join(dataset.name())
+    Path::new("out").join(safe_component(dataset.name()))
+}
+
+/// `name` with every character outside `[A-Za-z0-9._-]` replaced by `_`, and no leading dot;
+/// `dataset` when nothing is left.
+fn safe_component(name: &str) -> String {
+    let cleaned: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let trimmed = cleaned.trim_start_matches('.');
+    if trimmed.is_empty() || trimmed.chars().all(|c| c == '_') {
+        "dataset".to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_stay_one_component_under_out() {
+        assert_eq!(safe_component("lineitem"), "lineitem");
+        assert_eq!(safe_component("/some/other/replay"), "_some_other_replay");
+        assert_eq!(safe_component("../../etc"), "_.._etc");
+        assert_eq!(safe_component(".."), "dataset");
+        assert_eq!(safe_component(""), "dataset");
+        assert_eq!(safe_component("a b"), "a_b");
+    }
 }

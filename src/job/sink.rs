@@ -1,4 +1,5 @@
-//! The Parquet changelog sink, exactly once by two-phase commit.
+//! The Parquet changelog sink, exactly once by two-phase commit with the store as
+//! coordinator.
 //!
 //! The downstream changes of each checkpoint go to one file,
 //! `changes/epoch-<checkpoint epoch, 20 digits>.parquet` (columns `_epoch`, `_op`, then the
@@ -10,11 +11,17 @@
 //!   publish(e): rename .tmp -> .parquet, fsync dir     (the output of e is visible)
 //! ```
 //!
-//! A crash before the commit leaves a `.tmp` file that is garbage; a crash between commit and
-//! rename leaves a `.tmp` of a committed epoch, which recovery renames (rolls forward).
-//! Checkpoints without changes write no file.
+//! Recovery ([`ParquetSink::open`] with the store's committed epoch `c`): a `.tmp` of an
+//! epoch at or below `c` was committed and is rolled forward (renamed); a `.tmp` or a file of
+//! an epoch above `c` was never committed and is removed. So after a crash at any moment the
+//! published files are exactly the output of the committed checkpoints.
+//!
+//! Cleanup touches only the names this sink writes (`epoch-<20 digits>.parquet` and
+//! `.parquet.tmp`), checks first that it can remove all of them, and removes the newest
+//! first: a crash during it leaves a prefix of the old output, never a set with gaps.
+//! Checkpoints without changes write no file. All file operations go through the store's
+//! [`StorageIo`] seam, so fault-injection tests reach them too.
 
-use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,10 +32,28 @@ use parquet::file::properties::WriterProperties;
 
 use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result};
+use crate::store::io::{StorageIo, named};
 
 /// The output file name of a checkpoint epoch.
 pub fn file_name(epoch: u64) -> String {
     format!("epoch-{epoch:020}.parquet")
+}
+
+/// The name of a checkpoint's file before it is published.
+pub fn tmp_name(epoch: u64) -> String {
+    format!("epoch-{epoch:020}.parquet.tmp")
+}
+
+/// A name this sink writes: `(epoch, is_tmp)`.
+pub fn parse_name(name: &str) -> Option<(u64, bool)> {
+    let rest = name.strip_prefix("epoch-")?;
+    let (digits, tmp) = match rest.strip_suffix(".parquet.tmp") {
+        Some(d) => (d, true),
+        None => (rest.strip_suffix(".parquet")?, false),
+    };
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok().map(|e| (e, tmp)))
+        .flatten()
 }
 
 /// A prepared, not yet published, checkpoint file.
@@ -40,38 +65,103 @@ pub struct Prepared {
     rows: u64,
 }
 
+/// What [`ParquetSink::open`] did to an earlier run's output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Committed `.tmp` files renamed into place.
+    pub rolled_forward: u64,
+    /// Files of uncommitted epochs (or of a discarded run) removed.
+    pub removed: u64,
+    /// Published files kept.
+    pub kept: u64,
+}
+
 /// Writes the downstream changelog as Parquet files, one per checkpoint.
 #[derive(Debug)]
 pub struct ParquetSink {
+    io: Arc<dyn StorageIo>,
     dir: PathBuf,
     schema: SchemaRef,
     pending: Vec<(u64, StreamChunk)>,
     rows_published: u64,
     files_published: u64,
+    recovery: Recovery,
 }
 
 impl ParquetSink {
-    /// A sink writing into `out/changes`, which is created. Output of an earlier run there
-    /// (`epoch-*.parquet` and leftover `.tmp` files) is removed: a replay starts from scratch.
-    pub fn create(out: &Path, table_schema: &SchemaRef) -> Result<Self> {
+    /// A sink writing into `out/changes` (created), for a job whose store has committed
+    /// `committed` (`None`: a new job, so an earlier run's output there is removed). See the
+    /// module docs for what recovery does; it fails before touching anything when a file it
+    /// would remove is not a regular file.
+    pub fn open(
+        io: Arc<dyn StorageIo>,
+        out: &Path,
+        table_schema: &SchemaRef,
+        committed: Option<u64>,
+    ) -> Result<Self> {
         let dir = out.join("changes");
-        fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
-        for entry in fs::read_dir(&dir).map_err(|e| io_error(&dir, e))? {
-            let path = entry.map_err(|e| io_error(&dir, e))?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("epoch-")
-                && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"))
-            {
-                fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
+        io.create_dir_all(&dir)?;
+        let mut roll = Vec::new();
+        let mut remove = Vec::new();
+        let mut kept = 0;
+        for name in io.list(&dir)? {
+            let Some((epoch, tmp)) = parse_name(&name) else {
+                continue;
+            };
+            let path = dir.join(&name);
+            let committed_epoch = committed.is_some_and(|c| epoch <= c);
+            match (committed_epoch, tmp) {
+                (true, true) => roll.push((epoch, path)),
+                (true, false) => kept += 1,
+                (false, _) => remove.push((epoch, path)),
             }
         }
+        for (_, path) in roll.iter().chain(&remove) {
+            let meta = std::fs::symlink_metadata(path).map_err(|e| named(path, e))?;
+            if !meta.is_file() {
+                return Err(Error::dataset(
+                    path,
+                    "",
+                    "is not a regular file, so the output cannot be recovered; nothing was changed",
+                ));
+            }
+        }
+        roll.sort();
+        for (epoch, tmp) in &roll {
+            let path = dir.join(file_name(*epoch));
+            if io.exists(&path)? {
+                // Published already (a crash after rename); the tmp is a leftover copy.
+                io.remove(tmp)?;
+            } else {
+                io.rename(tmp, &path)?;
+            }
+        }
+        // Newest first: a crash part way leaves a prefix of the old output.
+        remove.sort_by(|a, b| b.cmp(a));
+        for (_, path) in &remove {
+            io.remove(path)?;
+        }
+        if !roll.is_empty() || !remove.is_empty() {
+            io.sync_dir(&dir)?;
+        }
         Ok(Self {
+            io,
             dir,
             schema: changelog_schema(table_schema, true),
             pending: Vec::new(),
             rows_published: 0,
             files_published: 0,
+            recovery: Recovery {
+                rolled_forward: roll.len() as u64,
+                removed: remove.len() as u64,
+                kept: kept + roll.len() as u64,
+            },
         })
+    }
+
+    /// What opening did to earlier output.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
     }
 
     /// Buffers a downstream chunk emitted in `epoch`.
@@ -82,14 +172,25 @@ impl ParquetSink {
     }
 
     /// Phase one: writes and fsyncs the buffered changes as the (hidden) file of checkpoint
-    /// `epoch`. `None` when there is nothing to write.
+    /// `epoch`. `None` when there is nothing to write. On error the `.tmp` is removed.
     pub fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>> {
         if self.pending.is_empty() {
             return Ok(None);
         }
         let path = self.dir.join(file_name(epoch));
-        let tmp = path.with_extension("parquet.tmp");
-        let file = File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
+        let tmp = self.dir.join(tmp_name(epoch));
+        let result = self.write_tmp(&tmp);
+        match result {
+            Ok(rows) => Ok(Some(Prepared { tmp, path, rows })),
+            Err(e) => {
+                let _ = self.io.remove(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_tmp(&mut self, tmp: &Path) -> Result<u64> {
+        let file = self.io.create(tmp)?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .build();
@@ -99,28 +200,26 @@ impl ParquetSink {
             rows += chunk.num_rows() as u64;
             writer.write(&chunk.to_changelog(Some(chunk_epoch))?)?;
         }
-        let file = writer.into_inner()?;
-        file.sync_all().map_err(|e| io_error(&tmp, e))?;
-        Ok(Some(Prepared { tmp, path, rows }))
+        let mut file = writer.into_inner()?;
+        file.sync()?;
+        Ok(rows)
     }
 
     /// Phase two, after the store committed: makes the file visible.
     pub fn publish(&mut self, prepared: Prepared) -> Result<()> {
-        fs::rename(&prepared.tmp, &prepared.path).map_err(|e| io_error(&prepared.path, e))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error(&self.dir, e))?;
+        self.io.rename(&prepared.tmp, &prepared.path)?;
+        self.io.sync_dir(&self.dir)?;
         self.rows_published += prepared.rows;
         self.files_published += 1;
         Ok(())
     }
 
-    /// Rows in published files.
+    /// Rows in files published by this sink.
     pub fn rows_published(&self) -> u64 {
         self.rows_published
     }
 
-    /// Files published.
+    /// Files published by this sink.
     pub fn files_published(&self) -> u64 {
         self.files_published
     }
@@ -131,27 +230,31 @@ impl ParquetSink {
     }
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> Error {
-    Error::Io(std::io::Error::new(
-        e.kind(),
-        format!("{}: {e}", path.display()),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::io::RealIo;
     use arrow_schema::{DataType, Field, Schema};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use std::fs::{self, File};
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]))
     }
 
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    }
+
     #[test]
     fn two_phases_hide_the_file_until_published() {
         let out = tempfile::tempdir().unwrap();
-        let mut sink = ParquetSink::create(out.path(), &schema()).unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
         assert!(sink.prepare(3).unwrap().is_none(), "nothing to write");
         sink.push(2, StreamChunk::from_text(&schema(), "+ 1\n+ 2").unwrap());
         sink.push(3, StreamChunk::from_text(&schema(), "- 1").unwrap());
@@ -172,18 +275,56 @@ mod tests {
     }
 
     #[test]
-    fn a_new_sink_removes_the_previous_runs_output() {
+    fn a_new_job_removes_the_previous_output_and_only_our_names() {
         let out = tempfile::tempdir().unwrap();
         let changes = out.path().join("changes");
         fs::create_dir_all(&changes).unwrap();
         fs::write(changes.join(file_name(9)), b"old").unwrap();
-        fs::write(changes.join("epoch-x.parquet.tmp"), b"old").unwrap();
+        fs::write(changes.join(tmp_name(10)), b"old").unwrap();
+        fs::write(changes.join("epoch-my-notes.parquet"), b"keep").unwrap();
         fs::write(changes.join("notes.txt"), b"keep").unwrap();
-        ParquetSink::create(out.path(), &schema()).unwrap();
-        let left: Vec<_> = fs::read_dir(&changes)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(left, ["notes.txt"]);
+        ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
+        assert_eq!(names(&changes), ["epoch-my-notes.parquet", "notes.txt"]);
+    }
+
+    #[test]
+    fn recovery_rolls_committed_tmp_files_forward_and_drops_the_rest() {
+        let out = tempfile::tempdir().unwrap();
+        let changes = out.path().join("changes");
+        fs::create_dir_all(&changes).unwrap();
+        fs::write(changes.join(file_name(3)), b"3").unwrap();
+        fs::write(changes.join(tmp_name(5)), b"5").unwrap();
+        fs::write(changes.join(tmp_name(7)), b"7").unwrap();
+        fs::write(changes.join(file_name(8)), b"8").unwrap();
+        let sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), Some(5)).unwrap();
+        assert_eq!(names(&changes), [file_name(3), file_name(5)]);
+        assert_eq!(fs::read(changes.join(file_name(5))).unwrap(), b"5");
+        assert_eq!(
+            sink.recovery(),
+            Recovery {
+                rolled_forward: 1,
+                removed: 2,
+                kept: 2
+            }
+        );
+    }
+
+    #[test]
+    fn cleanup_refuses_before_touching_anything_when_it_cannot_finish() {
+        let out = tempfile::tempdir().unwrap();
+        let changes = out.path().join("changes");
+        fs::create_dir_all(changes.join(file_name(4))).unwrap();
+        fs::write(changes.join(file_name(9)), b"9").unwrap();
+        let err = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert!(changes.join(file_name(9)).exists(), "nothing removed");
+    }
+
+    #[test]
+    fn names_parse_back() {
+        assert_eq!(parse_name(&file_name(42)), Some((42, false)));
+        assert_eq!(parse_name(&tmp_name(42)), Some((42, true)));
+        assert_eq!(parse_name("epoch-42.parquet"), None);
+        assert_eq!(parse_name("epoch-my-notes.parquet"), None);
     }
 }

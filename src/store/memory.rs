@@ -36,6 +36,8 @@ pub struct MemoryStore {
 struct Inner {
     committed: Option<u64>,
     tables: HashMap<String, TableState>,
+    meta: BTreeMap<String, String>,
+    staged_meta: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -187,11 +189,24 @@ impl StateStore for MemoryStore {
             table.sealed = table.sealed.split_off(&(epoch + 1));
         }
         inner.committed = Some(epoch);
+        let staged = std::mem::take(&mut inner.staged_meta);
+        inner.meta.extend(staged);
         Ok(())
     }
 
     fn committed_epoch(&self) -> Result<Option<u64>> {
         Ok(self.read()?.committed)
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(self.read()?.meta.get(key).cloned())
+    }
+
+    fn stage_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.write()?
+            .staged_meta
+            .insert(key.to_string(), value.to_string());
+        Ok(())
     }
 }
 

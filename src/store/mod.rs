@@ -96,6 +96,14 @@ pub trait StateStore: Clone + Send + Sync + 'static {
 
     /// The last committed epoch, if any.
     fn committed_epoch(&self) -> Result<Option<u64>>;
+
+    /// A committed job value: what a job records to resume (which input, how far, whether
+    /// it finished). See [`StateStore::stage_meta`].
+    fn meta(&self, key: &str) -> Result<Option<String>>;
+
+    /// Sets a job value that becomes visible (and, in a durable store, durable) with the next
+    /// commit, atomically with its data: the sink's commit record.
+    fn stage_meta(&self, key: &str, value: &str) -> Result<()>;
 }
 
 /// A handle on some vnodes of one table.

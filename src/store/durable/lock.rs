@@ -21,9 +21,14 @@ pub struct DirLock {
 }
 
 impl DirLock {
-    /// Locks `dir` (which must exist), or says who holds it.
+    /// Locks `dir` (which must exist) through `dir/LOCK`, or says who holds it.
     pub fn acquire(dir: &Path) -> Result<Self> {
-        let path = dir.join(LOCK_FILE);
+        Self::acquire_file(&dir.join(LOCK_FILE))
+    }
+
+    /// Locks through the file `path` (created if needed), or says who holds it.
+    pub fn acquire_file(path: &Path) -> Result<Self> {
+        let path = path.to_path_buf();
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)

@@ -32,6 +32,8 @@ mod file;
 mod lock;
 mod manifest;
 
+pub use self::lock::{DirLock, LOCK_FILE};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +43,6 @@ use arrow_array::{Array, RecordBatch};
 use hashbrown::HashMap;
 
 use self::file::{DiskRun, RunFile, RunFileWriter, RunSpan};
-use self::lock::DirLock;
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
 use super::run::{MergeReader, Run, RunList, build_runs};
@@ -239,6 +240,23 @@ fn run_entry(run: &DiskRun, epoch: u64) -> RunEntry {
     }
 }
 
+/// Empties the store in `dir` (if any), crash-safely: an empty manifest replaces the old one
+/// first, then the run files go. Files the store does not own are left alone.
+pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
+    if !io.exists(dir)? {
+        return Ok(());
+    }
+    let _lock = DirLock::acquire(dir)?;
+    Manifest::empty().store(io, dir)?;
+    for name in io.list(dir)? {
+        if manifest::run_file_id(&name).is_some() || name == "MANIFEST.tmp" {
+            io.remove(&dir.join(name))?;
+        }
+    }
+    io.sync_dir(dir)?;
+    Ok(())
+}
+
 impl DurableStore {
     /// Opens (or creates) the store in `dir` on the real file system.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self> {
@@ -405,18 +423,6 @@ impl DurableStore {
     /// The definition of a table, if it exists.
     pub fn table_desc(&self, name: &str) -> Result<Option<Arc<TableDesc>>> {
         Ok(self.read()?.tables.get(name).map(|t| t.desc.clone()))
-    }
-
-    /// A committed application value (see [`Self::stage_meta`]).
-    pub fn meta(&self, key: &str) -> Result<Option<String>> {
-        Ok(self.read()?.meta.get(key).cloned())
-    }
-
-    /// Sets an application value that becomes durable with the next commit, atomically with
-    /// it (a job records what it needs to resume: which input, how far).
-    pub fn stage_meta(&self, key: impl Into<String>, value: impl Into<String>) -> Result<()> {
-        self.write()?.staged_meta.insert(key.into(), value.into());
-        Ok(())
     }
 
     /// Compacts every vnode with committed deltas now, on this thread.
@@ -793,6 +799,17 @@ impl StateStore for DurableStore {
 
     fn committed_epoch(&self) -> Result<Option<u64>> {
         Ok(self.read()?.committed)
+    }
+
+    fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(self.read()?.meta.get(key).cloned())
+    }
+
+    fn stage_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.write()?
+            .staged_meta
+            .insert(key.to_string(), value.to_string());
+        Ok(())
     }
 }
 
