@@ -92,6 +92,7 @@ impl ParquetSink {
         let file = File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_coerce_types(true) // Date64 as a Parquet DATE, so every reader sees a date.
             .build();
         let mut writer = ArrowWriter::try_new(file, Arc::clone(&self.schema), Some(props))?;
         let mut rows = 0;
