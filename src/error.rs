@@ -41,9 +41,22 @@ pub enum Error {
         /// What it was used for ("vnode hashing", "a primary key").
         usage: &'static str,
     },
+    /// An I/O operation on a named file or directory failed.
+    #[error("{}: {source}", .path.display())]
+    File {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
     /// A configuration value is out of range or inconsistent.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// Messages in an order the receiver does not accept: a chunk before the first barrier,
+    /// anything after a `Stop`, a stream that does not start with a barrier.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
     /// A stream chunk violates the chunk rules (ops length, U-/U+ pairing, ...).
     #[error("invalid chunk: {0}")]
     InvalidChunk(String),
@@ -174,8 +187,9 @@ fn location_prefix(location: &str) -> String {
 }
 
 impl Error {
-    /// True for errors caused by bad input (a dataset, a table definition, a chunk) rather
-    /// than by the system: the command-line tool exits with status 2 for these, 1 otherwise.
+    /// True for errors caused by bad input (a dataset, a table definition, a chunk, an
+    /// option out of range, messages out of order) rather than by the system: the
+    /// command-line tool exits with status 2 for these, 1 otherwise.
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
@@ -187,6 +201,8 @@ impl Error {
                 | Error::CorruptState { .. }
                 | Error::Locked { .. }
                 | Error::StateConflict { .. }
+                | Error::InvalidConfig(_)
+                | Error::Protocol(_)
         )
     }
 
@@ -197,6 +213,14 @@ impl Error {
             Error::Interrupted { code, .. } => *code,
             e if e.is_bad_input() => 2,
             _ => 1,
+        }
+    }
+
+    /// An [`Error::File`]: `source` happened on `path`.
+    pub fn file(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        Error::File {
+            path: path.into(),
+            source,
         }
     }
 
@@ -233,5 +257,17 @@ mod tests {
         assert_eq!(e.to_string(), "/d/dataset.json: missing");
         assert!(e.is_bad_input());
         assert!(!Error::Internal("x".into()).is_bad_input());
+    }
+
+    #[test]
+    fn file_errors_name_the_path_and_keep_the_source() {
+        let source =
+            std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device");
+        let e = Error::file("/d/x.parquet", source);
+        assert_eq!(e.to_string(), "/d/x.parquet: No space left on device");
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(!e.is_bad_input());
+        assert!(Error::InvalidConfig("x".into()).is_bad_input());
+        assert!(Error::Protocol("x".into()).is_bad_input());
     }
 }

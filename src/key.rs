@@ -14,6 +14,11 @@
 //!
 //! Encoded keys are kept as a [`BinaryArray`] (zero-copy slicing, one buffer per batch).
 //!
+//! **Key equality is SQL equality** (DESIGN section 5): float key columns are normalised
+//! before encoding ([`canonical_floats`]): `-0.0` is `0.0` and every NaN is one NaN, which
+//! orders above every number (as in PostgreSQL). The vnode hash folds floats the same way
+//! ([`crate::vnode`]), so the hash, the order and the duplicate check agree.
+//!
 //! **arrow-row bytes are never persisted**: they depend on the arrow version. A [`Position`]
 //! (the key of the last snapshot row emitted for a vnode) is persisted in its typed form, a
 //! one-row batch of the key columns ([`Position::to_batch`]), and re-encoded on load
@@ -21,7 +26,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float16Type, Float32Type, Float64Type};
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, BinaryArray, RecordBatch};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
 
@@ -83,9 +90,14 @@ pub struct PrimaryKey {
 }
 
 impl PrimaryKey {
-    /// Resolves `columns` against `schema`. Errors on an unknown column, a repeated column, or
-    /// a type that arrow-row cannot order.
+    /// Resolves `columns` against `schema`. Errors on an empty key, an unknown column, a
+    /// repeated column, or a type that arrow-row cannot order.
     pub fn new(schema: &Schema, columns: Vec<KeyColumn>) -> Result<Self> {
+        if columns.is_empty() {
+            return Err(Error::InvalidConfig(
+                "a primary key needs at least one column".into(),
+            ));
+        }
         let mut indices = Vec::with_capacity(columns.len());
         let mut fields = Vec::with_capacity(columns.len());
         let mut sort_fields = Vec::with_capacity(columns.len());
@@ -155,19 +167,42 @@ impl PrimaryKey {
             .collect()
     }
 
+    /// The key columns of a table batch, checked: a batch too narrow for the key is an
+    /// [`Error::SchemaMismatch`] (types are checked by the encoder).
+    fn checked_key_columns(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+        self.indices
+            .iter()
+            .map(|&i| {
+                batch
+                    .columns()
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| Error::SchemaMismatch {
+                        context: "the primary key's columns".into(),
+                        expected: format!("{:?}", self.key_schema),
+                        found: format!("a batch of {} columns", batch.num_columns()),
+                    })
+            })
+            .collect()
+    }
+
     /// Encodes the keys of a table batch as arrow-row [`Rows`].
     pub fn encode_rows(&self, batch: &RecordBatch) -> Result<Rows> {
-        Ok(self.converter.convert_columns(&self.key_columns(batch))?)
+        let columns = canonical_float_columns(&self.checked_key_columns(batch)?);
+        Ok(self.converter.convert_columns(&columns)?)
     }
 
     /// Encodes the keys of a table batch, one binary value per row; byte order is key order.
     pub fn encode(&self, batch: &RecordBatch) -> Result<BinaryArray> {
-        self.encode_key_columns(&self.key_columns(batch))
+        self.encode_key_columns(&self.checked_key_columns(batch)?)
     }
 
-    /// Encodes key columns (in key order) given directly.
+    /// Encodes key columns (in key order) given directly. Float columns are normalised
+    /// first ([`canonical_floats`]).
     pub fn encode_key_columns(&self, columns: &[ArrayRef]) -> Result<BinaryArray> {
-        let rows = self.converter.convert_columns(columns)?;
+        let rows = self
+            .converter
+            .convert_columns(&canonical_float_columns(columns))?;
         Ok(rows.try_into_binary()?)
     }
 
@@ -235,6 +270,87 @@ impl Position {
     }
 }
 
+/// `array` with SQL float equality made bitwise: for `Float16`, `Float32` and `Float64`
+/// arrays, `-0.0` becomes `0.0` and every NaN the canonical quiet NaN (`0x7E00`, `f32::NAN`,
+/// `f64::NAN`, which order above every number). Other arrays are returned as they are.
+pub fn canonical_floats(array: &ArrayRef) -> ArrayRef {
+    fn map<T: ArrowPrimitiveType>(
+        array: &ArrayRef,
+        canonical: impl Fn(T::Native) -> T::Native,
+        is_canonical: impl Fn(T::Native) -> bool,
+    ) -> ArrayRef {
+        let values = array.as_primitive::<T>();
+        if values.values().iter().all(|&v| is_canonical(v)) {
+            return array.clone();
+        }
+        Arc::new(values.unary::<_, T>(canonical))
+    }
+    match array.data_type() {
+        DataType::Float16 => {
+            type F16 = <Float16Type as ArrowPrimitiveType>::Native;
+            // The bits of f16: sign 0x8000, exponent 0x7C00, mantissa 0x03FF.
+            let canonical_bits = |bits: u16| {
+                if bits & 0x7C00 == 0x7C00 && bits & 0x03FF != 0 {
+                    0x7E00
+                } else if bits == 0x8000 {
+                    0
+                } else {
+                    bits
+                }
+            };
+            map::<Float16Type>(
+                array,
+                |v| F16::from_bits(canonical_bits(v.to_bits())),
+                |v| canonical_bits(v.to_bits()) == v.to_bits(),
+            )
+        }
+        DataType::Float32 => map::<Float32Type>(
+            array,
+            |v| {
+                if v.is_nan() {
+                    f32::NAN
+                } else if v == 0.0 {
+                    0.0
+                } else {
+                    v
+                }
+            },
+            |v| {
+                if v.is_nan() {
+                    v.to_bits() == f32::NAN.to_bits()
+                } else {
+                    v.to_bits() != (-0.0f32).to_bits()
+                }
+            },
+        ),
+        DataType::Float64 => map::<Float64Type>(
+            array,
+            |v| {
+                if v.is_nan() {
+                    f64::NAN
+                } else if v == 0.0 {
+                    0.0
+                } else {
+                    v
+                }
+            },
+            |v| {
+                if v.is_nan() {
+                    v.to_bits() == f64::NAN.to_bits()
+                } else {
+                    v.to_bits() != (-0.0f64).to_bits()
+                }
+            },
+        ),
+        _ => array.clone(),
+    }
+}
+
+/// [`canonical_floats`] of every column.
+pub fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+    columns.iter().map(canonical_floats).collect()
+}
+
 /// The first row `i` whose key is not strictly greater than the key before it, if any.
 ///
 /// A cheap runtime check on every snapshot batch: storage order and comparator order must
@@ -287,6 +403,110 @@ mod tests {
             PrimaryKey::new(&null_schema, vec![KeyColumn::asc("n")]),
             Err(Error::UnsupportedType { .. })
         ));
+    }
+
+    #[test]
+    fn an_empty_key_is_an_error() {
+        assert!(matches!(
+            PrimaryKey::new(&table(), vec![]),
+            Err(Error::InvalidConfig(m)) if m.contains("at least one column")
+        ));
+    }
+
+    #[test]
+    fn a_batch_too_narrow_for_the_key_is_an_error() {
+        let pk = PrimaryKey::new(&table(), vec![KeyColumn::asc("v")]).unwrap();
+        let narrow = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true)])),
+            vec![Arc::new(StringArray::from(vec!["a"]))],
+        )
+        .unwrap();
+        assert!(matches!(
+            pk.encode(&narrow),
+            Err(Error::SchemaMismatch { .. })
+        ));
+        assert!(matches!(
+            pk.encode_rows(&narrow),
+            Err(Error::SchemaMismatch { .. })
+        ));
+        // A column of another type is an error of the encoder, not a panic.
+        let pk = PrimaryKey::new(&table(), vec![KeyColumn::asc("s")]).unwrap();
+        assert!(pk.encode(&batch(vec![Some("a")], vec![Some(1)])).is_ok());
+        let wrong = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("s", DataType::Int64, true)])),
+            vec![Arc::new(Int64Array::from(vec![1]))],
+        )
+        .unwrap();
+        assert!(pk.encode(&wrong).is_err());
+    }
+
+    /// Key equality is SQL equality: -0.0 is 0.0, every NaN is one NaN above every number;
+    /// the vnode hash agrees.
+    #[test]
+    fn float_keys_are_normalised_before_encoding() {
+        use crate::vnode::{VnodeCount, compute_vnodes};
+        use arrow_array::{Float16Array, Float32Array};
+        let payload_nan = f64::from_bits(0x7FF0_0000_0000_0001);
+        let negative_nan = -f64::NAN;
+        let f64s: ArrayRef = Arc::new(Float64Array::from(vec![
+            0.0,
+            -0.0,
+            f64::NAN,
+            payload_nan,
+            negative_nan,
+            f64::INFINITY,
+            -1.0,
+        ]));
+        let f32s: ArrayRef = Arc::new(Float32Array::from(vec![
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::from_bits(0x7F80_0001),
+            -f32::NAN,
+            f32::INFINITY,
+            -1.0,
+        ]));
+        let f16s: ArrayRef = Arc::new(Float16Array::from_iter_values(
+            [0x0000u16, 0x8000, 0x7E00, 0x7C01, 0xFE00, 0x7C00, 0xBC00]
+                .into_iter()
+                .map(<Float16Type as ArrowPrimitiveType>::Native::from_bits),
+        ));
+        for (column, descending) in [f64s, f32s, f16s]
+            .into_iter()
+            .flat_map(|c| [(c.clone(), false), (c, true)])
+        {
+            let schema = Schema::new(vec![Field::new("f", column.data_type().clone(), true)]);
+            let key = if descending {
+                KeyColumn::desc("f")
+            } else {
+                KeyColumn::asc("f")
+            };
+            let pk = PrimaryKey::new(&schema, vec![key]).unwrap();
+            let keys = pk
+                .encode_key_columns(std::slice::from_ref(&column))
+                .unwrap();
+            let what = format!("{} descending={descending}", column.data_type());
+            assert_eq!(keys.value(0), keys.value(1), "{what}: -0.0 is 0.0");
+            assert_eq!(keys.value(2), keys.value(3), "{what}: NaN payloads");
+            assert_eq!(keys.value(2), keys.value(4), "{what}: negative NaN");
+            let (inf, nan) = (keys.value(5), keys.value(2));
+            assert_eq!(descending, nan < inf, "{what}: NaN is above every number");
+            assert_eq!(descending, keys.value(0) < keys.value(6), "{what}: 0 > -1");
+            let vnodes =
+                compute_vnodes(std::slice::from_ref(&column), 7, VnodeCount::DEFAULT).unwrap();
+            assert_eq!(vnodes[0], vnodes[1], "{what}");
+            assert_eq!(vnodes[2], vnodes[3], "{what}");
+            assert_eq!(vnodes[2], vnodes[4], "{what}");
+            // The decoded position holds the canonical value.
+            let typed = Position::from_keys(&keys, 1).to_batch(&pk).unwrap();
+            let again = pk.encode_key_columns(typed.columns()).unwrap();
+            assert_eq!(again.value(0), keys.value(0), "{what}");
+        }
+        let canonical =
+            canonical_floats(&(Arc::new(Float64Array::from(vec![-0.0, payload_nan])) as ArrayRef));
+        let canonical = canonical.as_primitive::<Float64Type>();
+        assert_eq!(canonical.value(0).to_bits(), 0);
+        assert_eq!(canonical.value(1).to_bits(), f64::NAN.to_bits());
     }
 
     #[test]
@@ -439,15 +659,17 @@ mod tests {
 
         /// Compares two non-null values of one column, ascending.
         ///
-        /// Floats: arrow-row 59.3 (`fixed.rs`, `impl FixedLengthEncoding for f64`) flips all
-        /// bits but the sign of negative floats and then encodes the result as a signed
-        /// integer: exactly `f64::total_cmp`, IEEE 754 `totalOrder`. So -0.0 < 0.0 (two
-        /// distinct keys), NaN with the sign bit clear is above +inf, NaN with the sign bit
-        /// set (`-f64::NAN`) is below -inf, and NaNs with different payloads are distinct.
+        /// Floats: SQL order (DESIGN section 5), written independently of the encoder: -0.0
+        /// equals 0.0, every NaN equals every NaN and is above every number (+inf included).
         fn cmp_values(a: &Value, b: &Value) -> Ordering {
             match (a, b) {
                 (Value::Int(a), Value::Int(b)) => a.cmp(b),
-                (Value::Float(a), Value::Float(b)) => a.total_cmp(b),
+                (Value::Float(a), Value::Float(b)) => match (a.is_nan(), b.is_nan()) {
+                    (true, true) => Ordering::Equal,
+                    (true, false) => Ordering::Greater,
+                    (false, true) => Ordering::Less,
+                    (false, false) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+                },
                 (Value::Str(a), Value::Str(b)) => a.as_bytes().cmp(b.as_bytes()),
                 (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
                 _ => panic!("values of different kinds: {a:?} and {b:?}"),

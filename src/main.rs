@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use arrangement_backfill::Result;
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::backfill::executor::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::job::replay::{
     Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, STATE_DIR, StateChoice,
     default_out_dir, run_replay_until,
@@ -76,25 +76,26 @@ struct ReplayArgs {
     #[arg(long)]
     fresh: bool,
     /// Vnodes of the upstream table (1 to 32768).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = parse_vnodes)]
     vnodes: usize,
-    /// Rows per snapshot batch and per change chunk.
-    #[arg(long, default_value_t = 1024)]
+    /// Rows per snapshot batch and per change chunk (1 to 16777216).
+    #[arg(long, default_value_t = 1024, value_parser = parse_batch_size)]
     batch_size: usize,
     /// Snapshot order: one key-ordered stream (merged) or whole per-vnode batches (vnode).
     #[arg(long, value_enum, default_value_t = OrderArg::Merged)]
     order: OrderArg,
-    /// Make every N-th barrier a checkpoint.
-    #[arg(long, default_value_t = 1)]
+    /// Make every N-th barrier a checkpoint (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_every: u64,
     /// Also inject a barrier every N milliseconds (and pace barriers after the changelog).
     #[arg(long)]
     barrier_interval_ms: Option<u64>,
-    /// Snapshot rows per second.
-    #[arg(long)]
+    /// Snapshot rows per second (at least 1; leave out for no limit).
+    #[arg(long, value_parser = parse_rate)]
     rate_limit: Option<u64>,
-    /// Changelog rows per second, so that the changelog really overlaps the backfill.
-    #[arg(long)]
+    /// Changelog rows per second, so that the changelog really overlaps the backfill (at
+    /// least 1; leave out for no limit).
+    #[arg(long, value_parser = parse_rate)]
     upstream_rate: Option<u64>,
     /// Progress display [default: bar on a terminal, plain otherwise].
     #[arg(long, value_enum)]
@@ -125,14 +126,15 @@ struct GenArgs {
     /// The dataset directory to create (must not exist or be empty).
     #[arg(long)]
     out: PathBuf,
-    /// Scale: TPC-H scale factor, or 100k rows per unit for synthetic.
-    #[arg(long, default_value_t = 0.01)]
+    /// Scale: TPC-H scale factor, or 100k rows per unit for synthetic (positive; the range
+    /// per kind is checked by `gen`).
+    #[arg(long, default_value_t = 0.01, value_parser = parse_scale)]
     scale: f64,
     /// Changelog rows [default: 20% of the snapshot].
     #[arg(long)]
     changes: Option<u64>,
-    /// Upstream epochs the changelog spans.
-    #[arg(long, default_value_t = 50)]
+    /// Upstream epochs the changelog spans (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
     /// Seed of the changelog (and of synthetic data).
     #[arg(long, default_value_t = 42)]
@@ -160,6 +162,47 @@ enum ShapeArg {
     Composite,
 }
 
+/// `--vnodes`: `1..=32768`.
+fn parse_vnodes(s: &str) -> std::result::Result<usize, String> {
+    parse_in_range(s, 1, VnodeCount::MAX as u64).map(|n| n as usize)
+}
+
+/// `--batch-size`: `1..=MAX_BATCH_SIZE` rows (larger batches only cost memory).
+fn parse_batch_size(s: &str) -> std::result::Result<usize, String> {
+    parse_in_range(s, 1, MAX_BATCH_SIZE as u64).map(|n| n as usize)
+}
+
+/// `--rate-limit`, `--upstream-rate`: at least 1 row per second. 0 would pause that side
+/// for good, so the replay would never finish.
+fn parse_rate(s: &str) -> std::result::Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err(
+            "0 rows/s would pause it for good and the replay would never finish; \
+                      give at least 1, or leave the option out for no limit"
+                .into(),
+        ),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a number of rows per second: {e}")),
+    }
+}
+
+/// `gen --scale`: a finite positive number.
+fn parse_scale(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not a positive finite scale")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+fn parse_in_range(s: &str, min: u64, max: u64) -> std::result::Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} is not in {min}..={max}")),
+        Err(e) => Err(format!("not a whole number in {min}..={max}: {e}")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -175,7 +218,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Replay(args) => replay(args),
         Command::Verify { dataset, out } => {
-            let dataset = Dataset::open(&dataset)?;
+            let dataset = open_dataset(&dataset)?;
             let report = verify(&dataset, &out)?;
             say!(
                 "verified: {} output rows in {} files give the expected {} rows",
@@ -218,8 +261,20 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Opens a dataset and warns, on stderr, about every file it skips.
+fn open_dataset(dir: &std::path::Path) -> Result<Dataset> {
+    let dataset = Dataset::open(dir)?;
+    for path in dataset.skipped_files() {
+        eprintln!(
+            "warning: skipping {} (names starting with `_` or `.` are not read)",
+            path.display()
+        );
+    }
+    Ok(dataset)
+}
+
 fn replay(args: ReplayArgs) -> Result<()> {
-    let dataset = Dataset::open(&args.dataset)?;
+    let dataset = open_dataset(&args.dataset)?;
     let out = args
         .out
         .clone()

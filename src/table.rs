@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt16Type;
-use arrow_array::{Array, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
@@ -42,9 +42,28 @@ pub struct TableDesc {
 }
 
 impl TableDesc {
-    /// A table distributed by its whole primary key over the default 256 vnodes.
+    /// A table distributed by its whole primary key over the default 256 vnodes. Every key
+    /// column must be hashable; to distribute by a part of the key (and leave the other key
+    /// columns free of that rule), use [`TableDesc::with_distribution`].
     pub fn new(name: impl Into<String>, schema: SchemaRef, pk: Vec<KeyColumn>) -> Result<Self> {
+        let dist: Vec<String> = pk.iter().map(|c| c.name.clone()).collect();
+        Self::with_distribution(name, schema, pk, &dist)
+    }
+
+    /// A table distributed by `dist`, a part of the primary key (empty: a singleton table),
+    /// over the default 256 vnodes. Only the distribution-key columns must be hashable.
+    pub fn with_distribution<S: AsRef<str>>(
+        name: impl Into<String>,
+        schema: SchemaRef,
+        pk: Vec<KeyColumn>,
+        dist: &[S],
+    ) -> Result<Self> {
         let name = name.into();
+        if let Some(dup) = first_duplicate_name(&schema) {
+            return Err(Error::InvalidConfig(format!(
+                "table `{name}` has two columns named `{dup}`"
+            )));
+        }
         let pk = PrimaryKey::new(&schema, pk).map_err(|e| match e {
             Error::UnknownColumn { column, .. } => Error::UnknownColumn {
                 column,
@@ -52,18 +71,14 @@ impl TableDesc {
             },
             other => other,
         })?;
-        let dist = pk.indices().to_vec();
-        for &i in &dist {
-            let field = schema.field(i);
-            vnode::check_hashable(field.name(), field.data_type())?;
-        }
-        Ok(Self {
+        let table = Self {
             name,
             schema,
             pk,
-            distribution: Distribution::Hash(dist),
+            distribution: Distribution::Hash(Vec::new()),
             vnode_count: VnodeCount::DEFAULT,
-        })
+        };
+        table.with_distribution_key(dist)
     }
 
     /// Distributes by these columns, which must be part of the primary key. An empty list
@@ -142,15 +157,20 @@ impl TableDesc {
         self.vnode_count
     }
 
-    /// The vnode of every row of a batch of this table, vectorized.
+    /// The vnode of every row of a batch of this table, vectorized. A batch whose
+    /// distribution columns are missing or of another type than the table's is an
+    /// [`Error::SchemaMismatch`].
     pub fn vnodes_of(&self, batch: &RecordBatch) -> Result<Vec<VirtualNode>> {
         match &self.distribution {
             Distribution::Hash(columns) => {
-                let columns: Vec<_> = columns.iter().map(|&i| batch.column(i).clone()).collect();
+                let columns = columns
+                    .iter()
+                    .map(|&i| self.table_column(batch, i).cloned())
+                    .collect::<Result<Vec<_>>>()?;
                 vnode::compute_vnodes(&columns, batch.num_rows(), self.vnode_count)
             }
             Distribution::VnodeColumn(idx) => {
-                let column = batch.column(*idx);
+                let column = self.table_column(batch, *idx)?;
                 if column.null_count() > 0 {
                     return Err(Error::InvalidChunk(format!(
                         "NULL in vnode column `{}` of table `{}`",
@@ -177,6 +197,19 @@ impl TableDesc {
         }
     }
 
+    /// Column `i` of a batch of this table, checked against the table's schema.
+    fn table_column<'a>(&self, batch: &'a RecordBatch, i: usize) -> Result<&'a ArrayRef> {
+        let expected = self.schema.field(i);
+        match batch.columns().get(i) {
+            Some(column) if column.data_type() == expected.data_type() => Ok(column),
+            _ => Err(Error::SchemaMismatch {
+                context: format!("a batch of table `{}`", self.name),
+                expected: describe(&self.schema),
+                found: describe(&batch.schema()),
+            }),
+        }
+    }
+
     /// Checks that `schema` has this table's column names and types, in order.
     pub fn check_schema(&self, schema: &Schema, context: &str) -> Result<()> {
         let same = schema.fields().len() == self.schema.fields().len()
@@ -200,6 +233,16 @@ impl TableDesc {
     pub fn into_shared(self) -> Arc<Self> {
         Arc::new(self)
     }
+}
+
+/// The first column name that `schema` has twice, if any.
+pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
+    let fields = schema.fields();
+    fields
+        .iter()
+        .enumerate()
+        .find(|(i, f)| fields[..*i].iter().any(|g| g.name() == f.name()))
+        .map(|(_, f)| f.name().as_str())
 }
 
 /// `name: Type, ...`, a short schema description for error messages.

@@ -44,6 +44,8 @@ use crate::vnode::VirtualNode;
 
 /// How a backfill tracks and persists its progress.
 pub trait Tracker: Send + 'static {
+    /// The upstream table whose snapshot is tracked.
+    fn table(&self) -> &Arc<TableDesc>;
     /// The vnodes to scan this epoch and the position to scan each after.
     fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)>;
     /// Snapshot rows were emitted: advance positions, complete exhausted vnodes.
@@ -91,6 +93,10 @@ impl ArrangementTracker {
 }
 
 impl Tracker for ArrangementTracker {
+    fn table(&self) -> &Arc<TableDesc> {
+        &self.desc
+    }
+
     fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)> {
         self.progress
             .iter()
@@ -283,17 +289,22 @@ impl<T: Tracker> BackfillCore<T> {
 
     fn check_running(&self, what: &str) -> Result<()> {
         match self.phase {
-            Phase::AwaitingFirstBarrier => Err(Error::InvalidChunk(format!(
-                "{what} before the first barrier"
-            ))),
-            Phase::Stopped => Err(Error::InvalidChunk(format!("{what} after Stop"))),
+            Phase::AwaitingFirstBarrier => {
+                Err(Error::Protocol(format!("{what} before the first barrier")))
+            }
+            Phase::Stopped => Err(Error::Protocol(format!("{what} after Stop"))),
             Phase::Backfilling | Phase::Done => Ok(()),
         }
     }
 
-    /// An upstream chunk: buffered while backfilling, passed through once done.
+    /// An upstream chunk: buffered while backfilling, passed through once done. A chunk
+    /// whose columns are not the table's (names and types, in order) is an
+    /// [`Error::SchemaMismatch`], before it is buffered.
     pub fn on_upstream_chunk(&mut self, chunk: StreamChunk) -> Result<Vec<Action>> {
         self.check_running("an upstream chunk")?;
+        self.tracker
+            .table()
+            .check_schema(chunk.batch().schema_ref(), "an upstream chunk")?;
         if chunk.is_empty() {
             return Ok(Vec::new());
         }
@@ -354,7 +365,7 @@ impl<T: Tracker> BackfillCore<T> {
         match self.phase {
             Phase::AwaitingFirstBarrier => return self.on_first_barrier(barrier),
             Phase::Stopped => {
-                return Err(Error::InvalidChunk("a barrier after Stop".into()));
+                return Err(Error::Protocol("a barrier after Stop".into()));
             }
             Phase::Backfilling | Phase::Done => {}
         }

@@ -12,9 +12,11 @@
 //! one snapshot batch, so neither starves the other. Before it handles a barrier, an epoch
 //! that has read no snapshot batch reads one ([`BackfillCore::owes_snapshot_read`], I6). A
 //! token bucket limits snapshot rows per second (changed online by `Throttle`; 0 pauses the
-//! snapshot side only). The owed read may overdraw the bucket, so under a limit snapshot
-//! batches shrink to a tenth of a second's worth of rows: the limit holds as long as barriers
-//! come less than ten times a second. Progress is published on a `tokio::sync::watch`
+//! snapshot side only). Under a limit the owed read is taken only when the bucket has
+//! tokens, so the limit holds however often barriers come (an epoch whose budget is spent
+//! reads nothing: the rate limit is the user's choice, I6 guards against a busy upstream);
+//! a read may overdraw the bucket by one batch, so snapshot batches shrink to a tenth of a
+//! second's worth of rows (at least one). Progress is published on a `tokio::sync::watch`
 //! channel.
 //!
 //! The store commits nothing by itself: whoever collects the checkpoint barrier from the
@@ -52,10 +54,14 @@ pub enum SnapshotOrder {
     Unordered,
 }
 
+/// The largest snapshot batch, in rows (2^24, about 16.8 million): a batch is allocated
+/// whole, so a larger one only risks running out of memory (or overflowing a capacity).
+pub const MAX_BATCH_SIZE: usize = 1 << 24;
+
 /// Settings of a backfill executor.
 #[derive(Debug, Clone)]
 pub struct BackfillConfig {
-    /// Rows per snapshot output batch.
+    /// Rows per snapshot output batch, `1..=`[`MAX_BATCH_SIZE`].
     pub batch_size: usize,
     /// Merged or per-vnode snapshot order.
     pub order: SnapshotOrder,
@@ -118,8 +124,11 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
         config: BackfillConfig,
         restore: impl FnOnce(Arc<TableDesc>, ProgressCodec) -> Restore<S, T>,
     ) -> Result<Self> {
-        if config.batch_size == 0 {
-            return Err(Error::InvalidConfig("batch size must be at least 1".into()));
+        if !(1..=MAX_BATCH_SIZE).contains(&config.batch_size) {
+            return Err(Error::InvalidConfig(format!(
+                "batch size {} is out of range 1..={MAX_BATCH_SIZE}",
+                config.batch_size
+            )));
         }
         let replicated = store.replicated_table(upstream, vnodes.clone())?;
         let desc = replicated.desc().clone();
@@ -271,7 +280,9 @@ where
             Message::Chunk(chunk) => core.on_upstream_chunk(chunk)?,
             Message::Watermark(w) => core.on_watermark(w)?,
             Message::Barrier(barrier) => {
-                if core.owes_snapshot_read() && self.merger.is_some() {
+                // The owed read (I6) waits for the rate limit: with a limit below one batch
+                // per barrier, reading anyway would set the rate to the barrier frequency.
+                if core.owes_snapshot_read() && self.merger.is_some() && self.limiter.has_tokens() {
                     self.read_snapshot()?;
                 }
                 let core = self
@@ -286,7 +297,7 @@ where
 
     fn on_first_message(&mut self, message: Message) -> Result<()> {
         let Message::Barrier(barrier) = message else {
-            return Err(Error::InvalidChunk(
+            return Err(Error::Protocol(
                 "the upstream must start with a barrier".into(),
             ));
         };

@@ -134,6 +134,8 @@ impl UpstreamFilter {
     /// Which rows of `chunk` to emit.
     pub fn mask(&self, chunk: &StreamChunk) -> Result<BooleanArray> {
         let batch = chunk.batch();
+        self.desc
+            .check_schema(batch.schema_ref(), "a filtered chunk")?;
         let n = batch.num_rows();
         let vnodes = self.desc.vnodes_of(batch)?;
         let rule = |i: usize| self.rules[vnodes[i].index()];

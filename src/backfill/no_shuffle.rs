@@ -84,6 +84,10 @@ impl NoShuffleTracker {
 }
 
 impl Tracker for NoShuffleTracker {
+    fn table(&self) -> &Arc<TableDesc> {
+        &self.desc
+    }
+
     fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)> {
         if self.finished {
             return Vec::new();

@@ -73,7 +73,8 @@ use crate::vnode::{self, VirtualNode, VnodeBitmap};
 /// One value of a row.
 ///
 /// `Int` holds every signed integer type, `UInt` every unsigned one, `Float` both float
-/// types (compared by [`f64::total_cmp`], the order of arrow-row), `Str` both string types.
+/// types (in SQL order: -0.0 is 0.0, NaNs are equal and above every number), `Str` both
+/// string types.
 #[derive(Debug, Clone)]
 pub enum Value {
     /// NULL.
@@ -96,7 +97,13 @@ impl Value {
         match (self, other) {
             (Value::Int(a), Value::Int(b)) => a.cmp(b),
             (Value::UInt(a), Value::UInt(b)) => a.cmp(b),
-            (Value::Float(a), Value::Float(b)) => a.total_cmp(b),
+            // SQL order (DESIGN section 5): -0.0 is 0.0, NaNs are equal and above every number.
+            (Value::Float(a), Value::Float(b)) => match (a.is_nan(), b.is_nan()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+            },
             (Value::Str(a), Value::Str(b)) => a.cmp(b),
             (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
             // Values of one column share a variant; order mixed ones by variant for totality.

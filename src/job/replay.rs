@@ -222,8 +222,16 @@ pub async fn run_replay_until(
     on_progress: impl FnMut(&ReplayProgress),
     interrupted: impl Future<Output = Interrupt>,
 ) -> Result<ReplaySummary> {
-    if options.batch_size == 0 {
-        return Err(Error::InvalidConfig("batch size must be at least 1".into()));
+    if !(1..=crate::backfill::executor::MAX_BATCH_SIZE).contains(&options.batch_size) {
+        return Err(Error::InvalidConfig(format!(
+            "batch size must be between 1 and {}",
+            crate::backfill::executor::MAX_BATCH_SIZE
+        )));
+    }
+    if options.upstream_rate == Some(0) || options.rate_limit == Some(0) {
+        return Err(Error::InvalidConfig(
+            "a rate of 0 rows/s would never finish; leave the option out for no limit".into(),
+        ));
     }
     BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
     check_out_dir(dataset, &options.out)?;

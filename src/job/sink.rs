@@ -184,7 +184,11 @@ impl ParquetSink {
             Ok(rows) => Ok(Some(Prepared { tmp, path, rows })),
             Err(e) => {
                 let _ = self.io.remove(&tmp);
-                Err(e)
+                Err(match e {
+                    // I/O errors from the seam name their file already.
+                    Error::Io(e) => Error::Io(e),
+                    e => Error::file(&tmp, std::io::Error::other(e)),
+                })
             }
         }
     }
@@ -193,6 +197,7 @@ impl ParquetSink {
         let file = self.io.create(tmp)?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_coerce_types(true) // Date64 as a Parquet DATE, so every reader sees a date.
             .build();
         let mut writer = ArrowWriter::try_new(file, Arc::clone(&self.schema), Some(props))?;
         let mut rows = 0;

@@ -133,6 +133,8 @@ pub(crate) struct ChangelogReader {
     last_epoch: Option<u64>,
     /// A U- whose U+ must be the next row.
     open_update: Option<RowLocation>,
+    /// Table columns read in canonical float form (the dataset's float key columns).
+    canonical_floats: Vec<usize>,
     failed: bool,
 }
 
@@ -146,8 +148,16 @@ impl ChangelogReader {
             current: None,
             last_epoch: None,
             open_update: None,
+            canonical_floats: Vec::new(),
             failed: false,
         }
+    }
+
+    /// Reads the table columns `columns` (float key columns) in canonical form: `-0.0` as
+    /// `0.0`, every NaN as one NaN.
+    pub fn with_canonical_floats(mut self, columns: Vec<usize>) -> Self {
+        self.canonical_floats = columns;
+        self
     }
 
     fn next_raw(&mut self) -> Result<Option<(PathBuf, u64, RecordBatch)>> {
@@ -240,7 +250,13 @@ impl ChangelogReader {
             }
             ops.push(op);
         }
-        let columns = batch.columns()[2..].to_vec();
+        let columns = files::conform(&batch.columns()[2..], &self.table).map_err(|e| {
+            Error::dataset(
+                &path,
+                "",
+                format!("rows do not fit the dataset schema: {e}"),
+            )
+        })?;
         let data = RecordBatch::try_new_with_options(
             self.table.clone(),
             columns,
@@ -253,6 +269,7 @@ impl ChangelogReader {
                 format!("rows do not fit the dataset schema: {e}"),
             )
         })?;
+        let data = super::dataset::canonical_key_floats(data, &self.canonical_floats);
         Ok(ChangelogRows {
             path,
             first_row,

@@ -7,7 +7,14 @@
 //! ```
 //!
 //! [`Dataset::open`] reads the manifest and the Parquet *footers* only: it checks that the
-//! files agree on one schema and that the key columns exist. [`Dataset::validate`] is the full
+//! files agree on one schema, that no column name is repeated or reserved (`_op`, `_epoch`)
+//! and that the key columns exist. Files whose names start with `_` or `.` are skipped (the
+//! Hive convention for markers such as `_SUCCESS`); [`Dataset::skipped_files`] lists them so
+//! that a tool can warn about each.
+//!
+//! Float key values are read in canonical form (`-0.0` as `0.0`, every NaN as one NaN): key
+//! equality is SQL equality (DESIGN section 5), so a delete of `-0.0` applies to a stored
+//! `0.0`, and the rows the replay writes carry the canonical value. [`Dataset::validate`] is the full
 //! pass over the data. The readers are `Send + 'static` iterators that own their files, so a
 //! job can drive them from a blocking or async task.
 
@@ -21,9 +28,10 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 use super::changelog::{self, ChangelogReader, ChangelogRows};
 use super::files;
 use super::manifest::{MANIFEST_FILE, Manifest};
-use crate::chunk::{Op, StreamChunk};
+use crate::chunk::{EPOCH_COLUMN, OP_COLUMN, Op, StreamChunk};
 use crate::error::{Error, Result};
-use crate::table::{TableDesc, describe};
+use crate::key::canonical_floats;
+use crate::table::{TableDesc, describe, first_duplicate_name};
 use crate::vnode::VnodeCount;
 
 /// The snapshot directory's name inside a dataset.
@@ -39,6 +47,9 @@ pub struct Dataset {
     schema: SchemaRef,
     snapshot_files: Vec<PathBuf>,
     change_files: Vec<PathBuf>,
+    skipped_files: Vec<PathBuf>,
+    /// Indices of the float primary-key columns, read in canonical form.
+    float_keys: Vec<usize>,
 }
 
 /// Changes of one upstream epoch (a part of them: an epoch may come in several chunks).
@@ -73,7 +84,8 @@ impl Dataset {
     pub fn open(dir: &Path) -> Result<Dataset> {
         let manifest = Manifest::load(dir)?;
         let snapshot_dir = dir.join(SNAPSHOT_DIR);
-        let snapshot_files = files::list_parquet_files(&snapshot_dir, true)?;
+        let snapshot_listing = files::list_parquet_files(&snapshot_dir, true)?;
+        let snapshot_files = snapshot_listing.files;
         let Some(first) = snapshot_files.first() else {
             return Err(Error::dataset(
                 &snapshot_dir,
@@ -82,6 +94,7 @@ impl Dataset {
             ));
         };
         let first_schema = files::read_schema(first)?;
+        check_column_names(first, &first_schema)?;
         let mut fields = files::widen_nullability(first_schema.fields(), first_schema.fields());
         for path in &snapshot_files[1..] {
             let schema = files::read_schema(path)?;
@@ -99,7 +112,10 @@ impl Dataset {
             }
             fields = files::widen_nullability(&fields, schema.fields());
         }
-        let change_files = files::list_parquet_files(&dir.join(CHANGES_DIR), false)?;
+        let changes_listing = files::list_parquet_files(&dir.join(CHANGES_DIR), false)?;
+        let change_files = changes_listing.files;
+        let mut skipped_files = snapshot_listing.skipped;
+        skipped_files.extend(changes_listing.skipped);
         let table = files::plain_schema(fields.clone());
         for path in &change_files {
             let schema = files::read_schema(path)?;
@@ -122,12 +138,20 @@ impl Dataset {
         };
         known("primary key", &manifest.primary_key)?;
         known("distribution key", manifest.distribution_key())?;
+        let float_keys = manifest
+            .primary_key
+            .iter()
+            .filter_map(|c| table.index_of(c).ok())
+            .filter(|&i| table.field(i).data_type().is_floating())
+            .collect();
         let dataset = Dataset {
             dir: dir.to_path_buf(),
             manifest,
             schema: files::plain_schema(fields),
             snapshot_files,
             change_files,
+            skipped_files,
+            float_keys,
         };
         // Key types (orderable, hashable) are checked by building the table once.
         dataset.table_desc(VnodeCount::DEFAULT)?;
@@ -164,14 +188,22 @@ impl Dataset {
         &self.change_files
     }
 
+    /// Files of `snapshot/` and `changes/` that are not read because their names start with
+    /// `_` or `.` (markers such as `_SUCCESS`, hidden files), in name order. A tool should
+    /// warn about each: a data file named so would silently be left out.
+    pub fn skipped_files(&self) -> &[PathBuf] {
+        &self.skipped_files
+    }
+
     /// The table definition: name, primary key with its order, distribution key, `vnodes`.
+    /// Only distribution-key columns must be hashable.
     pub fn table_desc(&self, vnodes: VnodeCount) -> Result<TableDesc> {
-        Ok(TableDesc::new(
+        Ok(TableDesc::with_distribution(
             self.manifest.name.clone(),
             self.schema.clone(),
             self.manifest.key_columns(),
+            self.manifest.distribution_key(),
         )?
-        .with_distribution_key(self.manifest.distribution_key())?
         .with_vnode_count(vnodes))
     }
 
@@ -184,6 +216,7 @@ impl Dataset {
         Ok(SnapshotReader {
             files: self.snapshot_files.clone().into(),
             schema: self.schema.clone(),
+            float_keys: self.float_keys.clone(),
             batch_size: batch_size.max(1),
             current: None,
             failed: false,
@@ -220,6 +253,7 @@ impl Dataset {
     /// The raw checked changelog stream.
     pub(crate) fn changelog(&self, batch_size: usize) -> ChangelogReader {
         ChangelogReader::new(self.change_files.clone(), self.schema.clone(), batch_size)
+            .with_canonical_floats(self.float_keys.clone())
     }
 
     /// The snapshot, one file at a time: `(path, reader)`.
@@ -231,16 +265,65 @@ impl Dataset {
         let mut reader = files::open_reader(path, batch_size)?;
         let path = path.to_path_buf();
         let schema = self.schema.clone();
+        let float_keys = self.float_keys.clone();
         Ok(std::iter::from_fn(move || {
-            files::next_batch(&mut reader, &path)
-                .map(|b| b.and_then(|b| files::with_schema(&b, &schema, &path)))
+            files::next_batch(&mut reader, &path).map(|b| {
+                b.and_then(|b| files::with_schema(&b, &schema, &path))
+                    .map(|b| canonical_key_floats(b, &float_keys))
+            })
         }))
     }
+}
+
+/// Checks a snapshot file's column names: none repeated, none of the changelog's own
+/// (`_op`, `_epoch`), which would make the changelog files ambiguous.
+fn check_column_names(path: &Path, schema: &arrow_schema::Schema) -> Result<()> {
+    if let Some(dup) = first_duplicate_name(schema) {
+        return Err(Error::dataset(
+            path,
+            "",
+            format!(
+                "the column name `{dup}` appears twice in {}",
+                describe(schema)
+            ),
+        ));
+    }
+    if let Some(reserved) = schema
+        .fields()
+        .iter()
+        .find(|f| f.name() == OP_COLUMN || f.name() == EPOCH_COLUMN)
+    {
+        return Err(Error::dataset(
+            path,
+            "",
+            format!(
+                "a table column may not be named `{}`: `{OP_COLUMN}` and `{EPOCH_COLUMN}` are the changelog's own columns",
+                reserved.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `batch` with its float key columns (`float_keys`) in canonical form.
+pub(crate) fn canonical_key_floats(batch: RecordBatch, float_keys: &[usize]) -> RecordBatch {
+    if float_keys.is_empty() {
+        return batch;
+    }
+    let mut columns = batch.columns().to_vec();
+    for &i in float_keys {
+        if let Some(column) = columns.get_mut(i) {
+            *column = canonical_floats(column);
+        }
+    }
+    // Same schema, same lengths and types: cannot fail; keep the original if it does.
+    RecordBatch::try_new(batch.schema(), columns).unwrap_or(batch)
 }
 
 struct SnapshotReader {
     files: VecDeque<PathBuf>,
     schema: SchemaRef,
+    float_keys: Vec<usize>,
     batch_size: usize,
     current: Option<(PathBuf, ParquetRecordBatchReader)>,
     failed: bool,
@@ -252,7 +335,8 @@ impl SnapshotReader {
             if let Some((path, reader)) = &mut self.current {
                 match files::next_batch(reader, path) {
                     Some(batch) => {
-                        return files::with_schema(&batch?, &self.schema, path).map(Some);
+                        return files::with_schema(&batch?, &self.schema, path)
+                            .map(|b| Some(canonical_key_floats(b, &self.float_keys)));
                     }
                     None => self.current = None,
                 }

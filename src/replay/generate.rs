@@ -101,15 +101,71 @@ impl GenOptions {
 }
 
 /// The number of snapshot rows `kind` has at `scale` (an estimate for `lineitem`: about four
-/// lines per order).
+/// lines per order). Saturates for scales [`generate`] refuses.
 pub fn snapshot_rows(kind: &GenKind, scale: f64) -> u64 {
     let orders =
         tpchgen::generators::OrderGenerator::calculate_row_count(scale, 1, 1).max(0) as u64;
     match kind {
-        GenKind::TpchLineitem => orders * 4,
+        GenKind::TpchLineitem => orders.saturating_mul(4),
         GenKind::TpchOrders => orders,
         GenKind::Synthetic { .. } => synthetic_rows(scale),
     }
+}
+
+/// The most rows [`generate`] makes, in the snapshot and in the changelog (10^8 each): it
+/// builds both in memory before writing them. About TPC-H scale 16 for `lineitem`, 66 for
+/// `orders`, synthetic scale 1000.
+pub const MAX_GEN_ROWS: u64 = 100_000_000;
+
+/// The smallest TPC-H scale (10^-4): `tpchgen` needs at least one supplier, and it makes
+/// 10,000 per unit of scale.
+pub const MIN_TPCH_SCALE: f64 = 1e-4;
+
+/// Snapshot rows per unit of scale (an estimate for `lineitem`).
+fn rows_per_scale(kind: &GenKind) -> f64 {
+    match kind {
+        GenKind::TpchLineitem => 6_000_000.0,
+        GenKind::TpchOrders => 1_500_000.0,
+        GenKind::Synthetic { .. } => SYNTHETIC_ROWS_PER_SCALE,
+    }
+}
+
+/// Checks `opts` for `kind` before anything is generated or written; every violation is an
+/// [`Error::InvalidConfig`] with the allowed range.
+fn check_options(kind: &GenKind, opts: &GenOptions) -> Result<()> {
+    let per_scale = rows_per_scale(kind);
+    let max_scale = MAX_GEN_ROWS as f64 / per_scale;
+    if !(opts.scale.is_finite() && opts.scale > 0.0) {
+        return Err(Error::InvalidConfig(format!(
+            "scale must be a positive number, got {}",
+            opts.scale
+        )));
+    }
+    if opts.scale > max_scale {
+        return Err(Error::InvalidConfig(format!(
+            "scale {} would make about {:.0} rows; gen holds the table in memory and makes at most {MAX_GEN_ROWS} (scale {max_scale} for this kind)",
+            opts.scale,
+            opts.scale * per_scale
+        )));
+    }
+    if !matches!(kind, GenKind::Synthetic { .. }) && opts.scale < MIN_TPCH_SCALE {
+        return Err(Error::InvalidConfig(format!(
+            "TPC-H scale {} is below the smallest, {MIN_TPCH_SCALE} (one supplier)",
+            opts.scale
+        )));
+    }
+    if opts.changes > MAX_GEN_ROWS {
+        return Err(Error::InvalidConfig(format!(
+            "{} changes is more than gen makes, {MAX_GEN_ROWS} (it holds them in memory)",
+            opts.changes
+        )));
+    }
+    if opts.changes > 0 && opts.epochs == 0 {
+        return Err(Error::InvalidConfig(
+            "changes need at least one epoch".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Rows of a synthetic table per unit of scale.
@@ -120,24 +176,32 @@ fn synthetic_rows(scale: f64) -> u64 {
 }
 
 /// Generates a dataset into `out`, which must not exist or be empty. Returns its counts.
+///
+/// Options are checked before anything is generated ([`MAX_GEN_ROWS`], [`MIN_TPCH_SCALE`]);
+/// I/O errors name their path, and after a failed write the files written so far are
+/// removed (and `out` itself, if this call created it).
 pub fn generate(kind: &GenKind, out: &Path, opts: &GenOptions) -> Result<DatasetSummary> {
-    if !(opts.scale.is_finite() && opts.scale > 0.0) {
-        return Err(Error::InvalidConfig(format!(
-            "scale must be positive, got {}",
-            opts.scale
-        )));
-    }
-    if opts.changes > 0 && opts.epochs == 0 {
-        return Err(Error::InvalidConfig(
-            "changes need at least one epoch".into(),
-        ));
-    }
-    if out.exists() && std::fs::read_dir(out)?.next().is_some() {
-        return Err(Error::InvalidConfig(format!(
-            "output directory {} exists and is not empty",
-            out.display()
-        )));
-    }
+    check_options(kind, opts)?;
+    let existed = match std::fs::symlink_metadata(out) {
+        Ok(meta) if meta.is_dir() => {
+            let mut entries = std::fs::read_dir(out).map_err(|e| Error::file(out, e))?;
+            if entries.next().is_some() {
+                return Err(Error::InvalidConfig(format!(
+                    "output directory {} exists and is not empty",
+                    out.display()
+                )));
+            }
+            true
+        }
+        Ok(_) => {
+            return Err(Error::InvalidConfig(format!(
+                "output {} exists and is not a directory",
+                out.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(Error::file(out, e)),
+    };
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let table = match kind {
         GenKind::TpchLineitem => tpch_lineitem(opts.scale)?,
@@ -151,11 +215,6 @@ pub fn generate(kind: &GenKind, out: &Path, opts: &GenOptions) -> Result<Dataset
         mut keys,
     } = table;
 
-    std::fs::create_dir_all(out.join(SNAPSHOT_DIR))?;
-    std::fs::create_dir_all(out.join(CHANGES_DIR))?;
-    manifest.save(out)?;
-    write_parquet(&out.join(SNAPSHOT_DIR).join("part-00000.parquet"), &pool)?;
-
     let changes = Changelog::generate(&pool, &ids, keys.as_mut(), opts, &mut rng)?;
     let summary = DatasetSummary {
         snapshot_rows: pool.num_rows() as u64,
@@ -165,22 +224,57 @@ pub fn generate(kind: &GenKind, out: &Path, opts: &GenOptions) -> Result<Dataset
         last_epoch: changes.epochs.last().copied(),
     };
     let batch = changes.into_batch(&pool, keys.as_ref())?;
-    write_parquet(&out.join(CHANGES_DIR).join("part-00000.parquet"), &batch)?;
+    write_dataset(out, existed, &manifest, &pool, &batch, &write_parquet)?;
     Ok(summary)
+}
+
+/// Writes the dataset files with `write`; on an error removes what was written (and `out`
+/// when it did not exist before), then returns the error.
+fn write_dataset(
+    out: &Path,
+    existed: bool,
+    manifest: &Manifest,
+    snapshot: &RecordBatch,
+    changes: &RecordBatch,
+    write: &dyn Fn(&Path, &RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let result = (|| {
+        for dir in [out.join(SNAPSHOT_DIR), out.join(CHANGES_DIR)] {
+            std::fs::create_dir_all(&dir).map_err(|e| Error::file(&dir, e))?;
+        }
+        manifest.save(out)?;
+        write(&out.join(SNAPSHOT_DIR).join("part-00000.parquet"), snapshot)?;
+        write(&out.join(CHANGES_DIR).join("part-00000.parquet"), changes)
+    })();
+    if result.is_err() {
+        // Best effort: the error being reported matters more than one about cleaning up.
+        if existed {
+            for name in [SNAPSHOT_DIR, CHANGES_DIR] {
+                let _ = std::fs::remove_dir_all(out.join(name));
+            }
+            let _ = std::fs::remove_file(out.join(super::manifest::MANIFEST_FILE));
+        } else {
+            let _ = std::fs::remove_dir_all(out);
+        }
+    }
+    result
 }
 
 fn count_distinct_sorted(values: &[u64]) -> u64 {
     values.windows(2).filter(|w| w[0] != w[1]).count() as u64 + u64::from(!values.is_empty())
 }
 
+/// Writes `batch` to `path`; every error names the path.
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .build();
-    let file = File::create(path)?;
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
-    writer.write(batch)?;
-    writer.close()?;
+    let at = |e: parquet::errors::ParquetError| Error::file(path, std::io::Error::other(e));
+    let file = File::create(path).map_err(|e| Error::file(path, e))?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(at)?;
+    writer.write(batch).map_err(at)?;
+    let file = writer.into_inner().map_err(at)?;
+    file.sync_all().map_err(|e| Error::file(path, e))?;
     Ok(())
 }
 
@@ -662,7 +756,9 @@ impl Changelog {
         };
         while (log.ops.len() as u64) < total {
             let done = log.ops.len() as u64;
-            let epoch = 1 + done * opts.epochs / total;
+            // In u128: `done * epochs` overflows u64 for epochs near 2^64, and the epochs
+            // must never decrease.
+            let epoch = 1 + (u128::from(done) * u128::from(opts.epochs) / u128::from(total)) as u64;
             let room_for_pair = total - done >= 2;
             let roll: f64 = rng.random();
             let existing = live.pick(rng);
@@ -887,6 +983,134 @@ mod tests {
         let kind = GenKind::TpchOrders;
         let err = generate(&kind, dir.path(), &GenOptions::new(&kind, 0.001)).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    }
+
+    #[test]
+    fn options_are_checked_before_anything_is_made() {
+        let synthetic = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("never");
+        let cases: Vec<(GenKind, GenOptions, &str)> = vec![
+            (synthetic, GenOptions::new(&synthetic, 1e30), "at most"),
+            (synthetic, GenOptions::new(&synthetic, f64::NAN), "positive"),
+            (
+                synthetic,
+                GenOptions::new(&synthetic, f64::INFINITY),
+                "positive",
+            ),
+            (synthetic, GenOptions::new(&synthetic, 0.0), "positive"),
+            (
+                GenKind::TpchLineitem,
+                GenOptions::new(&GenKind::TpchLineitem, 100_000.0),
+                "at most",
+            ),
+            (
+                GenKind::TpchLineitem,
+                GenOptions::new(&GenKind::TpchLineitem, 1e-6),
+                "smallest",
+            ),
+            (
+                GenKind::TpchOrders,
+                GenOptions::new(&GenKind::TpchOrders, 1e-5),
+                "smallest",
+            ),
+            (
+                synthetic,
+                GenOptions {
+                    changes: u64::MAX,
+                    ..GenOptions::new(&synthetic, 0.001)
+                },
+                "changes",
+            ),
+        ];
+        for (kind, opts, needle) in cases {
+            let err = generate(&kind, &out, &opts).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidConfig(_)),
+                "{kind:?} {opts:?}: {err}"
+            );
+            assert!(err.to_string().contains(needle), "{kind:?} {opts:?}: {err}");
+            assert!(err.is_bad_input());
+            assert!(!out.exists(), "nothing is written");
+        }
+        // The smallest TPC-H scale works.
+        let (_, summary, _d) = round_trip(GenKind::TpchLineitem, MIN_TPCH_SCALE, 3);
+        assert!(summary.snapshot_rows > 0);
+        let (_, summary, _d) = round_trip(GenKind::TpchOrders, MIN_TPCH_SCALE, 3);
+        assert_eq!(summary.snapshot_rows, 150);
+    }
+
+    /// `_epoch` never decreases, also with epochs at or above 2^63 (issue 8: `done * epochs`
+    /// overflowed).
+    #[test]
+    fn huge_epoch_counts_never_decrease() {
+        let kind = GenKind::Synthetic {
+            shape: SyntheticShape::Int64,
+            skew: false,
+        };
+        for epochs in [1u64 << 63, u64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let opts = GenOptions {
+                epochs,
+                changes: 300,
+                ..GenOptions::new(&kind, 0.001)
+            };
+            let summary = generate(&kind, &dir.path().join("ds"), &opts).unwrap();
+            let ds = Dataset::open(&dir.path().join("ds")).unwrap();
+            assert_eq!(ds.validate().unwrap(), summary);
+            assert!(summary.last_epoch.unwrap() > 1 << 62, "{summary:?}");
+        }
+    }
+
+    #[test]
+    fn out_must_be_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let kind = GenKind::TpchOrders;
+        let err = generate(&kind, &file, &GenOptions::new(&kind, 0.001)).unwrap_err();
+        assert!(err.is_bad_input(), "{err}");
+        assert!(err.to_string().contains(file.to_str().unwrap()), "{err}");
+    }
+
+    /// A failed write names its file, and what was written is removed again.
+    #[test]
+    fn a_failed_write_names_the_file_and_cleans_up() {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)])),
+            vec![Arc::new(Int64Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let full = Path::new("/dev/full");
+        if full.exists() {
+            let err = write_parquet(full, &batch).unwrap_err().to_string();
+            assert!(
+                err.contains("/dev/full") && err.contains("No space left"),
+                "{err}"
+            );
+        }
+        let m = manifest("t", &["k"], None, &[]);
+        let failing = |path: &Path, batch: &RecordBatch| -> Result<()> {
+            if path.to_string_lossy().contains(CHANGES_DIR) {
+                Err(Error::file(path, std::io::Error::other("disk full")))
+            } else {
+                write_parquet(path, batch)
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        // `out` created by the call: removed.
+        let out = dir.path().join("new");
+        let err = write_dataset(&out, false, &m, &batch, &batch, &failing).unwrap_err();
+        assert!(err.to_string().contains("changes"), "{err}");
+        assert!(!out.exists());
+        // `out` empty before: empty again.
+        let out = dir.path().join("empty");
+        std::fs::create_dir(&out).unwrap();
+        write_dataset(&out, true, &m, &batch, &batch, &failing).unwrap_err();
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
     }
 
     #[test]

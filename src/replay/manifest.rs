@@ -79,7 +79,7 @@ impl Manifest {
         let path = dir.join(MANIFEST_FILE);
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Internal(format!("serializing a manifest: {e}")))?;
-        std::fs::write(&path, text + "\n")?;
+        std::fs::write(&path, text + "\n").map_err(|e| Error::file(&path, e))?;
         Ok(())
     }
 

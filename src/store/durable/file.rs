@@ -87,15 +87,41 @@ pub(crate) struct RunSpan {
     pub rows: u64,
 }
 
-/// The schema of a run file of `table`.
+/// The schema of a run file of `table`: its columns, dictionary columns stored as their
+/// values (so blocks are self-contained), and the tombstone column.
 pub(crate) fn file_schema(table: &Schema) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = table.fields().iter().cloned().collect();
+    let mut fields: Vec<Arc<Field>> = table
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Dictionary(_, values) => {
+                Arc::new(f.as_ref().clone().with_data_type(values.as_ref().clone()))
+            }
+            _ => f.clone(),
+        })
+        .collect();
     fields.push(Arc::new(Field::new(
         DELETED_COLUMN,
         DataType::Boolean,
         false,
     )));
     Arc::new(Schema::new(fields))
+}
+
+/// Casts each column to the type of the matching field (dictionaries to and from their
+/// values); columns already of that type are kept as they are.
+fn cast_columns(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result<Vec<ArrayRef>> {
+    columns
+        .iter()
+        .zip(fields)
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                Ok(arrow_cast::cast(c, f.data_type())?)
+            }
+        })
+        .collect()
 }
 
 /// A `Write` that counts bytes and keeps a running CRC-32 (restartable per region).
@@ -234,7 +260,10 @@ impl RunFileWriter {
         };
         let rows = u32::try_from(batch.num_rows())
             .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
-        let mut columns = batch.columns().to_vec();
+        let mut columns = cast_columns(
+            batch.columns(),
+            &self.schema.fields()[..batch.num_columns()],
+        )?;
         columns.push(Arc::new(deleted));
         let block = RecordBatch::try_new(self.schema.clone(), columns)?;
         let offset = self.writer.get_ref().pos;
@@ -679,7 +708,8 @@ impl RunFile {
         let n = batch.num_columns() - 1;
         let deleted = batch.column(n).as_boolean();
         let deleted = (deleted.true_count() > 0).then(|| deleted.values().clone());
-        let data = RecordBatch::try_new(self.desc.schema().clone(), batch.columns()[..n].to_vec())?;
+        let columns = cast_columns(&batch.columns()[..n], self.desc.schema().fields())?;
+        let data = RecordBatch::try_new(self.desc.schema().clone(), columns)?;
         let keys = self.desc.pk().encode(&data)?;
         Ok(Run {
             data: KeyedBatch { batch: data, keys },

@@ -592,13 +592,14 @@ impl StateStore for DurableStore {
 
     fn create_table(&self, desc: TableDesc) -> Result<Arc<TableDesc>> {
         if let Some(field) = desc.schema().fields().iter().find(|f| {
-            matches!(f.data_type(), arrow_schema::DataType::Dictionary(..))
-                || f.name() == file::DELETED_COLUMN
+            f.name() == file::DELETED_COLUMN
+                || matches!(f.data_type(), arrow_schema::DataType::Dictionary(_, v)
+                    if matches!(v.as_ref(), arrow_schema::DataType::Dictionary(..)))
         }) {
             return Err(Error::UnsupportedType {
                 column: field.name().clone(),
                 data_type: field.data_type().clone(),
-                usage: "the durable store (dictionary columns and the name `__deleted` are not supported)",
+                usage: "the durable store (nested dictionaries and the name `__deleted` are not supported)",
             });
         }
         let _m = self.shared.lock_manifest()?;
