@@ -209,7 +209,7 @@ impl Durable {
         let options = DurableOptions {
             memory_budget: self.budget,
             max_deltas: 2,
-            background_compaction: true,
+            compaction: arrangement_backfill::store::Compaction::Background,
         };
         DurableStore::open_with(
             self.dir.path(),

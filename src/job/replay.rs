@@ -472,7 +472,7 @@ impl<'a, S: StateStore> Job<'a, S> {
 
     async fn run(
         self,
-        mut on_progress: impl FnMut(&ReplayProgress),
+        on_progress: impl FnMut(&ReplayProgress),
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<ReplaySummary> {
         let started = Instant::now();
@@ -549,10 +549,68 @@ impl<'a, S: StateStore> Job<'a, S> {
             applied_at: applied_at.clone(),
         };
         let (changes_tx, changes_rx) = watch::channel(applied);
-        let source_task = tokio::spawn(source.run(changes_tx));
+        let mut source_task = tokio::spawn(source.run(changes_tx));
         // Abort the source if this future is dropped or stops early.
         let source_guard = AbortOnDrop(source_task.abort_handle());
+        let result = self
+            .drive(
+                executor,
+                rx,
+                &stats,
+                &changes_rx,
+                &applied_at,
+                &mut sink,
+                committed,
+                &mut summary,
+                on_progress,
+                interrupted,
+            )
+            .await;
+        if result.is_err() {
+            // Wait for the aborted source to let go of its table handle (and so of the
+            // store and its directory lock) before reporting.
+            drop(source_guard);
+            let _ = (&mut source_task).await;
+            return Err(result
+                .err()
+                .unwrap_or_else(|| Error::Internal("unreachable".into())));
+        }
+        let total_applied = source_task
+            .await
+            .map_err(|e| Error::Internal(format!("the source task failed: {e}")))??;
+        drop(source_guard);
+        if !stats.borrow().finished {
+            return Err(Error::Internal(
+                "the job stopped before the backfill finished".into(),
+            ));
+        }
+        summary.upstream_changes = total_applied - applied;
+        summary.output_rows = sink.rows_published();
+        summary.output_files = sink.files_published();
+        summary.elapsed = started.elapsed();
+        Ok(summary)
+    }
 
+    /// Runs the backfill over the source's messages and commits its checkpoints, until the
+    /// final `Stop` barrier, an error or an interruption.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the job's parts, borrowed from `run`"
+    )]
+    async fn drive(
+        &self,
+        executor: BackfillExecutor<S, crate::backfill::core::ArrangementTracker>,
+        rx: mpsc::Receiver<Result<Message>>,
+        stats: &watch::Receiver<BackfillStats>,
+        changes_rx: &watch::Receiver<u64>,
+        applied_at: &Mutex<BTreeMap<u64, u64>>,
+        sink: &mut ParquetSink,
+        committed: u64,
+        summary: &mut ReplaySummary,
+        mut on_progress: impl FnMut(&ReplayProgress),
+        interrupted: impl Future<Output = Interrupt>,
+    ) -> Result<()> {
+        let store = &self.store;
         let mut downstream = Box::pin(executor.execute(rx));
         let mut progress = ReplayProgress {
             snapshot_total: self.snapshot_rows,
@@ -564,7 +622,6 @@ impl<'a, S: StateStore> Job<'a, S> {
             let message = tokio::select! {
                 biased;
                 signal = &mut interrupted => {
-                    drop(source_guard);
                     return Err(Error::Interrupted {
                         signal: signal.name(),
                         code: signal.exit_code(),
@@ -610,20 +667,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             progress.output_rows = sink.rows_published();
             on_progress(&progress);
         }
-        let total_applied = source_task
-            .await
-            .map_err(|e| Error::Internal(format!("the source task failed: {e}")))??;
-        drop(source_guard);
-        if !stats.borrow().finished {
-            return Err(Error::Internal(
-                "the job stopped before the backfill finished".into(),
-            ));
-        }
-        summary.upstream_changes = total_applied - applied;
-        summary.output_rows = sink.rows_published();
-        summary.output_files = sink.files_published();
-        summary.elapsed = started.elapsed();
-        Ok(summary)
+        Ok(())
     }
 }
 

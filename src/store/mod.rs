@@ -30,7 +30,7 @@ pub mod io;
 mod memory;
 mod run;
 
-pub use durable::{DurableOptions, DurableScan, DurableStore, DurableTable};
+pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
 
 use std::sync::Arc;

@@ -61,8 +61,21 @@ pub struct DurableOptions {
     pub memory_budget: usize,
     /// Compact a vnode once it has this many committed delta runs.
     pub max_deltas: usize,
-    /// Compact on a background thread (`false`: only when [`DurableStore::compact`] is called).
-    pub background_compaction: bool,
+    /// When compaction runs.
+    pub compaction: Compaction,
+}
+
+/// When a [`DurableStore`] compacts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compaction {
+    /// On a background thread woken after each commit: barriers never wait on it.
+    #[default]
+    Background,
+    /// At the end of each commit, on the committing thread: deterministic, for tests that
+    /// count I/O operations.
+    Inline,
+    /// Only when [`DurableStore::compact`] is called.
+    Manual,
 }
 
 impl Default for DurableOptions {
@@ -70,7 +83,7 @@ impl Default for DurableOptions {
         Self {
             memory_budget: 256 << 20,
             max_deltas: 6,
-            background_compaction: true,
+            compaction: Compaction::Background,
         }
     }
 }
@@ -407,7 +420,7 @@ impl DurableStore {
             }),
             compactor: Arc::new(Mutex::new(None)),
         };
-        if store.shared.options.background_compaction {
+        if store.shared.options.compaction == Compaction::Background {
             let compactor = compaction::Compactor::start(Arc::downgrade(&store.shared))?;
             *store.lock_compactor()? = Some(compactor);
             store.wake_compactor();
@@ -636,7 +649,7 @@ impl StateStore for DurableStore {
 
     fn commit(&self, epoch: u64) -> Result<()> {
         let shared = &self.shared;
-        let _m = shared.lock_manifest()?;
+        let manifest_guard = shared.lock_manifest()?;
         // 1. What to commit: every table's layers up to `epoch`.
         let layers: Vec<(String, Arc<TableDesc>, SealedLayers)> = {
             let state = self.read()?;
@@ -794,7 +807,16 @@ impl StateStore for DurableStore {
             let live = files_of(&state.tables);
             Shared::swap_files(&mut state, live);
         }
-        self.wake_compactor();
+        drop(manifest_guard);
+        match self.shared.options.compaction {
+            Compaction::Background => self.wake_compactor(),
+            Compaction::Inline => compaction::compact_all(
+                &self.shared,
+                self.shared.options.max_deltas,
+                &std::sync::atomic::AtomicBool::new(false),
+            )?,
+            Compaction::Manual => {}
+        }
         Ok(())
     }
 
