@@ -123,6 +123,16 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A scratch file of an external sort (validation, verification) could not be created,
+    /// written or read: a missing scratch directory, a full disk, ...
+    #[error("scratch file {}: {source}", .path.display())]
+    Scratch {
+        /// The scratch file or directory.
+        path: std::path::PathBuf,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
@@ -149,6 +159,17 @@ impl Error {
                 | Error::InvalidChunk(_)
                 | Error::UnsupportedType { .. }
         )
+    }
+
+    /// An [`Error::Scratch`] error.
+    pub fn scratch(
+        path: impl Into<std::path::PathBuf>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Scratch {
+            path: path.into(),
+            source: source.into(),
+        }
     }
 
     /// An [`Error::Dataset`] error.
