@@ -26,20 +26,22 @@
 //!
 //! Memory is bounded by the budget, independent of the input: one filling buffer and one run
 //! being sorted (`run_bytes = budget / 4` each, plus their keys and indices), or during a merge
-//! about two batches of `batch_bytes` per run read (`fan_in * batch_bytes = budget / 4`).
+//! about two batches of `batch_bytes` per run read (`fan_in * batch_bytes = budget / 16`).
 //! Scratch files live in a directory the caller owns (usually a [`tempfile::TempDir`]); runs
 //! are deleted as soon as they are merged.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, BinaryArray, RecordBatch};
+use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, RecordBatchOptions};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 use arrow_select::interleave::{interleave, interleave_record_batch};
 use rayon::slice::ParallelSliceMut;
 
@@ -111,8 +113,10 @@ impl SortConfig {
         let run_bytes = (budget / 4).max(1);
         let fan_in = (budget / Self::MIN_MERGE_BYTES).clamp(2, Self::MAX_FAN_IN);
         // Each run being merged holds about two batches (its head and one waiting to be
-        // copied out), and the merge all of them: `fan_in * 2 * batch_bytes = budget / 2`.
-        let batch_bytes = (budget / (4 * fan_in)).clamp(1, 4 << 20);
+        // copied out): `fan_in * 2 * batch_bytes = budget / 8`. Making runs takes the most
+        // memory; the merge, whose size grows with the number of runs (the table's size) up
+        // to `fan_in`, stays well below it.
+        let batch_bytes = (budget / (16 * fan_in)).clamp(1, 4 << 20);
         Self {
             run_bytes,
             batch_bytes,
@@ -151,6 +155,8 @@ pub(crate) struct ExternalSorter {
     runs: Vec<Run>,
     runs_written: usize,
     in_flight: Option<JoinHandle<Result<Run>>>,
+    /// Bytes written to scratch files, merge passes included.
+    spilled: Arc<AtomicU64>,
 }
 
 impl ExternalSorter {
@@ -175,6 +181,7 @@ impl ExternalSorter {
             runs: Vec::new(),
             runs_written: 0,
             in_flight: None,
+            spilled: Arc::default(),
         }
     }
 
@@ -208,6 +215,13 @@ impl ExternalSorter {
     #[cfg(test)]
     pub fn runs_written(&self) -> usize {
         self.runs_written
+    }
+
+    /// The count of bytes written to scratch files, merge passes (in [`Self::finish`])
+    /// included.
+    #[cfg(test)]
+    pub fn bytes_spilled(&self) -> Arc<AtomicU64> {
+        self.spilled.clone()
     }
 
     /// Rows per batch in a run of the buffered rows: about `batch_bytes` per batch.
@@ -254,9 +268,10 @@ impl ExternalSorter {
         let (batches, batch_rows) = self.take_buffer();
         let key = self.key.clone();
         let schema = self.schema.clone();
+        let spilled = self.spilled.clone();
         let handle = std::thread::Builder::new()
             .name("backfill-extsort".into())
-            .spawn(move || write_run(path, &schema, &key, batches, batch_rows))
+            .spawn(move || write_run(path, &schema, &key, batches, batch_rows, &spilled))
             .map_err(|e| Error::scratch(&self.dir, e))?;
         self.in_flight = Some(handle);
         Ok(())
@@ -274,7 +289,14 @@ impl ExternalSorter {
         if !self.buffer.is_empty() {
             let path = self.next_run_path();
             let (batches, batch_rows) = self.take_buffer();
-            let run = write_run(path, &self.schema, &self.key, batches, batch_rows)?;
+            let run = write_run(
+                path,
+                &self.schema,
+                &self.key,
+                batches,
+                batch_rows,
+                &self.spilled,
+            )?;
             self.runs.push(run);
         }
         let mut runs = std::mem::take(&mut self.runs);
@@ -289,7 +311,13 @@ impl ExternalSorter {
                     continue;
                 }
                 let path = self.next_run_path();
-                merged.push(merge_to_run(&self.schema, &self.key, group, path)?);
+                merged.push(merge_to_run(
+                    &self.schema,
+                    &self.key,
+                    group,
+                    path,
+                    &self.spilled,
+                )?);
             }
             runs = merged;
         }
@@ -345,6 +373,7 @@ fn write_run(
     key: &PrimaryKey,
     batches: Vec<RecordBatch>,
     batch_rows: usize,
+    spilled: &AtomicU64,
 ) -> Result<Run> {
     let keys = encode_all(key, &batches)?;
     let order = sort_order(&keys)?;
@@ -353,7 +382,7 @@ fn write_run(
     for chunk in order.chunks(batch_rows.max(1)) {
         writer.write(&gather(&batches, chunk)?)?;
     }
-    writer.finish()?;
+    spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
     Ok(Run { path, batch_rows })
 }
 
@@ -363,6 +392,7 @@ fn merge_to_run(
     key: &PrimaryKey,
     runs: Vec<Run>,
     path: PathBuf,
+    spilled: &AtomicU64,
 ) -> Result<Run> {
     let batch_rows = runs.iter().map(|r| r.batch_rows).max().unwrap_or(1);
     let mut merge = Merge::new(key, runs)?;
@@ -370,7 +400,7 @@ fn merge_to_run(
     while let Some(sorted) = merge.next_batch()? {
         writer.write(&sorted.batch)?;
     }
-    writer.finish()?;
+    spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
     Ok(Run { path, batch_rows })
 }
 
@@ -393,11 +423,12 @@ impl RunWriter {
 
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.writer
-            .write(batch)
+            .write(&compact_views(batch)?)
             .map_err(|e| Error::scratch(&self.path, e))
     }
 
-    fn finish(mut self) -> Result<()> {
+    /// Finishes the file; returns its size.
+    fn finish(mut self) -> Result<u64> {
         self.writer
             .finish()
             .map_err(|e| Error::scratch(&self.path, e))?;
@@ -405,10 +436,40 @@ impl RunWriter {
             .writer
             .into_inner()
             .map_err(|e| Error::scratch(&self.path, e))?;
-        file.into_inner()
+        let file = file
+            .into_inner()
             .map_err(|e| Error::scratch(&self.path, e.into_error()))?;
-        Ok(())
+        let metadata = file.metadata().map_err(|e| Error::scratch(&self.path, e))?;
+        Ok(metadata.len())
     }
+}
+
+/// `batch` with its string and binary *view* columns holding only the bytes they use.
+///
+/// `interleave` of view arrays keeps every data buffer of its inputs (the views point into
+/// them), and the IPC writer writes each batch's buffers whole: without this, every spilled
+/// batch of a run would carry the whole run's strings.
+fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
+    let is_view = |t: &DataType| matches!(t, DataType::Utf8View | DataType::BinaryView);
+    if !batch.columns().iter().any(|c| is_view(c.data_type())) {
+        return Ok(batch.clone());
+    }
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => c.clone(),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
 }
 
 /// Sorted batches: straight from memory, or merged from runs on disk.
@@ -789,7 +850,7 @@ mod tests {
         let c = SortConfig::for_budget(DEFAULT_MEMORY_BUDGET);
         assert_eq!(c.run_bytes, 16 << 20);
         assert_eq!(c.fan_in, 64);
-        assert_eq!(c.batch_bytes, 256 << 10);
+        assert_eq!(c.batch_bytes, 64 << 10);
         let tiny = SortConfig::for_budget(0);
         assert!(tiny.run_bytes >= 1 && tiny.batch_bytes >= 1 && tiny.fan_in >= 2);
     }
@@ -815,5 +876,72 @@ mod tests {
         assert!(matches!(err, Error::Scratch { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/scratch"), "{err}");
         assert!(!err.is_bad_input());
+    }
+
+    /// Spilled batches of view columns carry only their own strings, not the whole run's.
+    #[test]
+    fn view_columns_spill_compactly() {
+        use arrow_array::StringViewArray;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8View, false),
+        ]));
+        let key = PrimaryKey::new(&schema, vec![KeyColumn::asc("k")]).unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let batches: Vec<RecordBatch> = (0..50)
+            .map(|_| {
+                let keys: Vec<i64> = (0..100).map(|_| rng.random_range(0..1000)).collect();
+                let values = keys.iter().map(|k| format!("{k:0>100}"));
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(keys.clone())),
+                        Arc::new(StringViewArray::from_iter_values(values)),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        let raw: u64 = 50 * 100 * (100 + 8);
+        let dir = tempfile::tempdir().unwrap();
+        let config = SortConfig {
+            run_bytes: 50_000,
+            batch_bytes: 2_000,
+            fan_in: 4,
+        };
+        let mut sorter = ExternalSorter::new(schema.clone(), key.clone(), dir.path(), "v", config);
+        for b in &batches {
+            sorter.push(b.clone()).unwrap();
+        }
+        let runs = sorter.runs_written();
+        let spilled = sorter.bytes_spilled();
+        let mut stream = sorter.finish().unwrap();
+        let mut last: Option<i64> = None;
+        let mut rows = 0;
+        while let Some(sorted) = stream.next_batch().unwrap() {
+            let k = sorted
+                .batch
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            let v = sorted.batch.column(1).as_string_view();
+            for i in 0..sorted.batch.num_rows() {
+                assert!(last.is_none_or(|l| l <= k.value(i)));
+                assert_eq!(v.value(i), format!("{:0>100}", k.value(i)));
+                last = Some(k.value(i));
+                rows += 1;
+            }
+        }
+        assert_eq!(rows, 5000);
+        assert!(runs > 4, "{runs} runs: a merge pass is needed");
+        let SortedStream::Merge(_) = stream else {
+            panic!("the input spilled");
+        };
+        // Initial runs and two merge passes (10+ runs, fan-in 4), each about the raw size;
+        // without compaction each spilled batch would carry its run's strings, 25x more.
+        let spilled = spilled.load(Ordering::Relaxed);
+        assert!(
+            spilled < 6 * raw,
+            "{spilled} bytes spilled for {raw} bytes of rows"
+        );
     }
 }
