@@ -172,6 +172,16 @@ pub enum Error {
     /// An earlier I/O failure left the store's on-disk state unknown: reopen it.
     #[error("the store failed and must be reopened: {0}")]
     StoreFailed(String),
+    /// A scratch file of an external sort (validation, verification) could not be created,
+    /// written or read: a missing scratch directory, a full disk, ...
+    #[error("scratch file {}: {source}", .path.display())]
+    Scratch {
+        /// The scratch file or directory.
+        path: std::path::PathBuf,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
@@ -221,6 +231,17 @@ impl Error {
         Error::File {
             path: path.into(),
             source,
+        }
+    }
+
+    /// An [`Error::Scratch`] error.
+    pub fn scratch(
+        path: impl Into<std::path::PathBuf>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Scratch {
+            path: path.into(),
+            source: source.into(),
         }
     }
 

@@ -88,6 +88,7 @@ pub(crate) mod testing;
 
 pub use cursor::CursorKind;
 pub use kway::KWayMerge;
+pub(crate) use loser_tree::{Entry, LoserTree};
 pub use round_robin::RoundRobin;
 
 use crate::error::Result;

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_schema::{Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::ParquetMetaData;
 
@@ -130,6 +132,25 @@ pub(crate) fn open_reader(path: &Path, batch_size: usize) -> Result<ParquetRecor
         .with_batch_size(rows)
         .build()
         .map_err(|e| unreadable(path, e))
+}
+
+/// Row `row` (from 0) of the Parquet file `path`, alone in a batch with the file's schema.
+pub(crate) fn read_row(path: &Path, row: u64) -> Result<RecordBatch> {
+    let skip = usize::try_from(row).map_err(|e| unreadable(path, e))?;
+    let selection = RowSelection::from(vec![RowSelector::skip(skip), RowSelector::select(1)]);
+    let mut reader = builder(path)?
+        .with_row_selection(selection)
+        .with_batch_size(1)
+        .build()
+        .map_err(|e| unreadable(path, e))?;
+    match next_batch(&mut reader, path) {
+        Some(batch) => batch,
+        None => Err(Error::dataset(
+            path,
+            format!("row {row}"),
+            "the file has fewer rows than when it was read",
+        )),
+    }
 }
 
 /// The next batch of `reader`, with read errors naming `path`.

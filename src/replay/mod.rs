@@ -19,18 +19,23 @@
 //! - a dataset that passes [`Dataset::validate`] applies cleanly, row by row, to its snapshot.
 
 mod apply;
+mod by_key;
 mod changelog;
 mod dataset;
+mod extsort;
 mod files;
 mod generate;
 mod manifest;
+#[cfg(test)]
+mod model;
 #[cfg(test)]
 mod testing;
 mod validate;
 mod verify;
 
 pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
+pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
 pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
-pub use validate::validate;
-pub use verify::{VerifyReport, verify};
+pub use validate::{validate, validate_with};
+pub use verify::{VerifyReport, verify, verify_with};

@@ -146,3 +146,114 @@ pub(crate) fn log(text: &str) -> RecordBatch {
         .collect();
     raw_changes(&raw)
 }
+
+/// A random dataset from a live table model: snapshot files (row texts) and change files
+/// (`log` texts), most changes applying cleanly. With `faults`, a few rows break a rule
+/// (duplicate or NULL key, insert of a present key, delete of an absent one or with other
+/// values, lone update half, decreasing epoch). Files split anywhere, update pairs included.
+pub(crate) fn random_dataset(
+    rng: &mut rand::rngs::StdRng,
+    faults: bool,
+) -> (Vec<RecordBatch>, Vec<RecordBatch>) {
+    let (snapshot, changes) = random_dataset_text(rng, faults);
+    let mut snapshot: Vec<RecordBatch> = snapshot.iter().map(|t| rows(t)).collect();
+    if snapshot.is_empty() {
+        snapshot.push(rows(""));
+    }
+    (snapshot, changes.iter().map(|t| log(t)).collect())
+}
+
+/// [`random_dataset`] as texts: snapshot files of `rows` lines, change files of `log` lines.
+pub(crate) fn random_dataset_text(
+    rng: &mut rand::rngs::StdRng,
+    faults: bool,
+) -> (Vec<String>, Vec<String>) {
+    use rand::Rng;
+    use std::collections::BTreeMap;
+
+    let fault = |rng: &mut rand::rngs::StdRng| faults && rng.random_bool(0.03);
+    let value =
+        |rng: &mut rand::rngs::StdRng| ["a", "b", "c", "NULL"][rng.random_range(0..4)].to_string();
+    let mut table = BTreeMap::new();
+    let mut lines = Vec::new();
+    for _ in 0..rng.random_range(0..25) {
+        let k: i64 = rng.random_range(0..40);
+        let v = value(rng);
+        if fault(rng) {
+            lines.push(format!("NULL {v}"));
+        } else if table.insert(k, v.clone()).is_none() || fault(rng) {
+            lines.push(format!("{k} {v}"));
+        }
+    }
+    let snapshot = split(rng, &lines, 3);
+
+    let mut lines = Vec::new();
+    let mut epoch = 1u64;
+    for _ in 0..rng.random_range(0..15) {
+        epoch += rng.random_range(0..3);
+        for _ in 0..rng.random_range(1..6) {
+            let k: i64 = rng.random_range(0..40);
+            let e = if fault(rng) { epoch - 1 } else { epoch };
+            let held = table.get(&k).cloned();
+            match (held, rng.random_range(0..3)) {
+                (None, _) => {
+                    let v = value(rng);
+                    if fault(rng) {
+                        lines.push(format!("{e} - {k} {v}"));
+                    } else {
+                        lines.push(format!("{e} + {k} {v}"));
+                        table.insert(k, v);
+                    }
+                }
+                (Some(old), 0) => {
+                    let old = if fault(rng) { "zz".to_string() } else { old };
+                    lines.push(format!("{e} - {k} {old}"));
+                    table.remove(&k);
+                }
+                (Some(old), 1) if fault(rng) => lines.push(format!("{e} + {k} {old}")),
+                (Some(old), _) => {
+                    // An update, usually of the same key, sometimes moving the row.
+                    let to = if rng.random_bool(0.8) {
+                        k
+                    } else {
+                        rng.random_range(0..40)
+                    };
+                    let v = value(rng);
+                    lines.push(format!("{e} U- {k} {old}"));
+                    table.remove(&k);
+                    if fault(rng) {
+                        lines.push(format!("{e} + {to} {v}"));
+                    } else {
+                        lines.push(format!("{e} U+ {to} {v}"));
+                    }
+                    table.insert(to, v);
+                }
+            }
+            if fault(rng) {
+                lines.push(format!("{e} + NULL x"));
+            }
+        }
+    }
+    let changes = split(rng, &lines, 4);
+    (snapshot, changes)
+}
+
+/// `lines` cut into 1..=`most` non-empty texts at random points (no text when no lines).
+pub(crate) fn split(rng: &mut rand::rngs::StdRng, lines: &[String], most: usize) -> Vec<String> {
+    use rand::Rng;
+    let parts = rng.random_range(1..=most).min(lines.len());
+    let mut cuts: Vec<usize> = (0..parts.saturating_sub(1))
+        .map(|_| rng.random_range(1..lines.len()))
+        .collect();
+    cuts.sort();
+    cuts.dedup();
+    let mut texts = Vec::new();
+    let mut start = 0;
+    for end in cuts.into_iter().chain([lines.len()]) {
+        if start < end {
+            texts.push(lines[start..end].join("\n"));
+        }
+        start = end;
+    }
+    texts
+}

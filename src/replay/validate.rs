@@ -1,8 +1,10 @@
 //! The full validation pass over a dataset, run before anything of a replay is committed.
 //!
-//! One pass over the snapshot and the changelog, with a table model of encoded keys (and a
-//! 64-bit hash of each row, so a delete must carry the values the row has). Each error is an
-//! [`Error::Dataset`] naming the file, the row within it (from 0) and, for changes, the epoch:
+//! One pass reads the snapshot and the changelog in order and checks what the stream shows
+//! (NULL keys, op codes, epochs, update pairs); every row goes, with its sequence number in
+//! the stream and a 64-bit hash of its values, into an external sort by key; then each key's
+//! rows are applied in stream order ([`super::by_key`]). Each error is an [`Error::Dataset`]
+//! naming the file, the row within it (from 0) and, for changes, the epoch:
 //!
 //! | where     | what                                                                     |
 //! |-----------|--------------------------------------------------------------------------|
@@ -12,18 +14,98 @@
 //! | changes   | NULL key value, delete/U- of an absent key or with other values,         |
 //! |           | insert/U+ of an existing key (U- applies before U+)                      |
 //!
-//! Memory is O(table): one encoded key and one hash per live row.
+//! When there are several, the one reported is the first in stream order that a table model
+//! applying the rows one batch at a time would meet: an error about the rows of a batch
+//! (a NULL key, a bad op, an unreadable file) comes after the application errors of the
+//! batches before it.
+//!
+//! Memory is bounded by [`ExternalSortOptions::memory_budget`], whatever the table's size;
+//! the sort spills to [`ExternalSortOptions::scratch_dir`].
 
-use super::apply::KeyedTable;
+use super::by_key::{KeyedChanges, Payload};
 use super::dataset::{Dataset, DatasetSummary};
+use super::extsort::{ExternalSortOptions, SortConfig};
 use crate::error::{Error, Result};
 use crate::vnode::VnodeCount;
 
 /// Rows per batch read during validation.
 const BATCH_SIZE: usize = 8192;
 
-/// Validates `dataset` (see the module docs) and counts its rows and epochs.
+/// Validates `dataset` (see the module docs) and counts its rows and epochs, spilling to a
+/// temporary directory (`TMPDIR`, removed afterwards) with the default memory budget.
 pub fn validate(dataset: &Dataset) -> Result<DatasetSummary> {
+    validate_with(dataset, &ExternalSortOptions::new(std::env::temp_dir()))
+}
+
+/// Validates `dataset` (see the module docs) with explicit scratch space and memory budget.
+pub fn validate_with(dataset: &Dataset, options: &ExternalSortOptions) -> Result<DatasetSummary> {
+    let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
+    let scratch = options.scratch()?;
+    let mut rows = KeyedChanges::new(
+        dataset.schema(),
+        desc.pk(),
+        Payload::Hash,
+        scratch.path(),
+        "validate",
+        SortConfig::for_budget(options.memory_budget),
+    )?;
+    let mut summary = DatasetSummary::default();
+    let stream_error = read(dataset, &mut rows, &mut summary)?;
+    let mut fold = rows.finish()?;
+    while fold.next_key()? {}
+    if let Some(violation) = fold.first_violation() {
+        return Err(fold.error(violation)?);
+    }
+    match stream_error {
+        Some(e) => Err(e),
+        None => Ok(summary),
+    }
+}
+
+/// Reads the snapshot and the changelog into `rows`, counting. `Ok(Some(e))`: the data is
+/// bad at `e`, and only the rows before the batch of `e` were added; `Err`: a system error.
+fn read(
+    dataset: &Dataset,
+    rows: &mut KeyedChanges,
+    summary: &mut DatasetSummary,
+) -> Result<Option<Error>> {
+    macro_rules! input {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Ok(Some(e)),
+            }
+        };
+    }
+    for path in dataset.snapshot_files() {
+        let mut first_row = 0u64;
+        for batch in input!(dataset.snapshot_file_reader(path, BATCH_SIZE)) {
+            let batch = input!(batch);
+            input!(rows.push_snapshot(path, first_row, &batch)?);
+            first_row += batch.num_rows() as u64;
+        }
+        summary.snapshot_rows += first_row;
+    }
+    for changes in dataset.changelog(BATCH_SIZE) {
+        let changes = input!(changes);
+        input!(rows.push_changes(&changes)?);
+        for &epoch in &changes.epochs {
+            if summary.last_epoch != Some(epoch) {
+                summary.epochs += 1;
+                summary.first_epoch.get_or_insert(epoch);
+                summary.last_epoch = Some(epoch);
+            }
+        }
+        summary.change_rows += changes.ops.len() as u64;
+    }
+    Ok(None)
+}
+
+/// The validation pass with the whole table in memory: the reference the bounded one must
+/// agree with, error for error.
+#[cfg(test)]
+pub(crate) fn validate_in_memory(dataset: &Dataset) -> Result<DatasetSummary> {
+    use super::model::KeyedTable;
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let mut table = KeyedTable::<u64>::new(dataset.schema(), desc.pk().clone())?;
     let mut summary = DatasetSummary::default();
@@ -59,7 +141,7 @@ pub fn validate(dataset: &Dataset) -> Result<DatasetSummary> {
 mod tests {
     use super::*;
     use crate::replay::testing::{
-        MANIFEST, assert_dataset_error, changes, dataset, raw_changes, rows,
+        MANIFEST, assert_dataset_error, changes, dataset, random_dataset, raw_changes, rows,
     };
 
     fn check(
@@ -294,5 +376,37 @@ mod tests {
             "epoch 4, row 1",
             "NULL in primary key column `k`",
         );
+    }
+
+    /// Differential: the bounded validator and the in-memory model agree, error for error
+    /// (the same file, row, epoch and message), whatever the budget.
+    #[test]
+    fn agrees_with_the_in_memory_model() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        let scratch = tempfile::tempdir().unwrap();
+        let (mut errors, mut ok) = (0, 0);
+        for case in 0..150 {
+            let (snapshot, change_files) = random_dataset(&mut rng, case % 4 != 0);
+            let dir = dataset(MANIFEST, &snapshot, &change_files);
+            let ds = Dataset::open(dir.path()).unwrap();
+            let expected = format!("{:?}", validate_in_memory(&ds));
+            for budget in [1, 4 << 10, 1 << 20] {
+                let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
+                let found = format!("{:?}", validate_with(&ds, &options));
+                assert_eq!(found, expected, "case {case}, budget {budget}");
+            }
+            if expected.starts_with("Ok") {
+                ok += 1;
+            } else {
+                errors += 1;
+            }
+        }
+        assert!(
+            ok > 20 && errors > 20,
+            "{ok} valid, {errors} invalid datasets"
+        );
+        let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+        assert!(left.is_empty(), "scratch space is cleaned up: {left:?}");
     }
 }

@@ -4,15 +4,30 @@
 //! table's columns). [`verify`] applies them, in name order, strictly to an empty table
 //! (exact row values: an all-column arrow-row encoding), so a duplicate insert, a delete of an
 //! absent row or of a row with other values, or a lone update half fails with an
-//! [`Error::Dataset`] naming the output file and row. It then computes the expected final table
-//! (snapshot + every change, applied just as strictly) and compares the two; a difference names
-//! the first differing key in primary-key order.
+//! [`Error::Dataset`] naming the output file, row and epoch. It then computes the expected
+//! final table (snapshot + every change, applied just as strictly) and compares the two; a
+//! difference names the first differing key in primary-key order and counts the others.
+//!
+//! Neither table is held in memory: the output's rows and the dataset's rows are each sorted
+//! by key with an external sort ([`super::by_key`], whole rows with their sequence number in
+//! their stream), then the two sorted streams are walked side by side, each key's rows applied
+//! in stream order on each side and the two final rows compared:
+//!
+//! ```text
+//!   out/changes/epoch-*.parquet ──sort by key──> key 1: + U- U+ │ final (1, x) ┐ equal?
+//!   snapshot + dataset changes  ──sort by key──> key 1: snap U- U+ │ final (1, x) ┘
+//! ```
+//!
+//! Errors come in the order an in-memory check would meet them: the output's (stream order),
+//! then the dataset's, then the first difference. Memory is bounded by
+//! [`ExternalSortOptions::memory_budget`] (half for each side).
 
 use std::path::{Path, PathBuf};
 
-use super::apply::KeyedTable;
+use super::by_key::{KeyFold, KeyedChanges, Payload};
 use super::changelog::ChangelogReader;
 use super::dataset::{CHANGES_DIR, Dataset};
+use super::extsort::{ExternalSortOptions, SortConfig};
 use crate::error::{Error, Result};
 use crate::vnode::VnodeCount;
 
@@ -49,89 +64,184 @@ fn output_files(out_dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Checks that the output in `out_dir` is a consistent changelog whose result equals the
-/// dataset's snapshot plus all its changes. See the module docs.
+/// dataset's snapshot plus all its changes (see the module docs), spilling to a temporary
+/// directory (`TMPDIR`, removed afterwards) with the default memory budget.
 pub fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
+    verify_with(
+        dataset,
+        out_dir,
+        &ExternalSortOptions::new(std::env::temp_dir()),
+    )
+}
+
+/// [`verify`] with explicit scratch space and memory budget.
+pub fn verify_with(
+    dataset: &Dataset,
+    out_dir: &Path,
+    options: &ExternalSortOptions,
+) -> Result<VerifyReport> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let files = output_files(out_dir)?;
     let output_files = files.len();
+    let scratch = options.scratch()?;
+    let config = SortConfig::for_budget(options.memory_budget / 2);
+    let side = |name| {
+        KeyedChanges::new(
+            dataset.schema(),
+            desc.pk(),
+            Payload::Row,
+            scratch.path(),
+            name,
+            config,
+        )
+    };
 
-    let mut output = KeyedTable::<Box<[u8]>>::new(dataset.schema(), desc.pk().clone())?;
+    let mut output = side("output")?;
     let mut output_rows = 0u64;
-    for rows in ChangelogReader::new(files, dataset.schema().clone(), BATCH_SIZE) {
-        let rows = rows?;
-        apply_changes(&mut output, &rows)?;
-        output_rows += rows.ops.len() as u64;
-    }
+    let output_error = read_changelog(
+        ChangelogReader::new(files, dataset.schema().clone(), BATCH_SIZE),
+        &mut output,
+        &mut output_rows,
+    )?;
+    let mut expected = side("expected")?;
+    let expected_error = match output_error {
+        // Like a check that stops at the output's first error, never read the dataset then.
+        Some(_) => None,
+        None => read_dataset(dataset, &mut expected)?,
+    };
 
-    let mut expected = KeyedTable::<Box<[u8]>>::new(dataset.schema(), desc.pk().clone())?;
-    for path in dataset.snapshot_files() {
-        let mut first_row = 0u64;
-        for batch in dataset.snapshot_file_reader(path, BATCH_SIZE)? {
-            let batch = batch?;
-            expected.load(&batch, |i, message| {
-                Error::dataset(path, format!("row {}", first_row + i as u64), message)
-            })?;
-            first_row += batch.num_rows() as u64;
-        }
+    let mut found = output.finish()?;
+    let mut wanted = expected.finish()?;
+    let diff = compare(&mut wanted, &mut found)?;
+    if let Some(violation) = found.first_violation() {
+        return Err(found.error(violation)?);
     }
-    for rows in dataset.changelog(BATCH_SIZE) {
-        apply_changes(&mut expected, &rows?)?;
+    if let Some(e) = output_error {
+        return Err(e);
     }
-
-    compare(&expected, &output, &out_dir.join(CHANGES_DIR))?;
+    if let Some(violation) = wanted.first_violation() {
+        return Err(wanted.error(violation)?);
+    }
+    if let Some(e) = expected_error {
+        return Err(e);
+    }
+    if let Some((message, others)) = diff.first {
+        let others = match others {
+            0 => String::new(),
+            n => format!(" (and {n} other keys)"),
+        };
+        return Err(Error::dataset(
+            out_dir.join(CHANGES_DIR),
+            "",
+            format!("the replay output does not match snapshot + changes: {message}{others}"),
+        ));
+    }
     Ok(VerifyReport {
         output_files,
         output_rows,
-        final_rows: output.len() as u64,
+        final_rows: diff.found_rows,
     })
 }
 
-fn apply_changes(
-    table: &mut KeyedTable<Box<[u8]>>,
-    rows: &super::changelog::ChangelogRows,
-) -> Result<()> {
-    table.apply(&rows.data, &rows.ops, |i, message| {
-        rows.location(i).error(message)
-    })
+/// Reads checked changelog rows into `rows`, counting them. `Ok(Some(e))`: the data is bad
+/// at `e` (rows before its batch were added); `Err`: a system error.
+fn read_changelog(
+    reader: ChangelogReader,
+    rows: &mut KeyedChanges,
+    count: &mut u64,
+) -> Result<Option<Error>> {
+    for changes in reader {
+        let changes = match changes {
+            Ok(changes) => changes,
+            Err(e) => return Ok(Some(e)),
+        };
+        if let Err(e) = rows.push_changes(&changes)? {
+            return Ok(Some(e));
+        }
+        *count += changes.ops.len() as u64;
+    }
+    Ok(None)
 }
 
-/// Compares the final tables; the error names the smallest differing key.
-fn compare(
-    expected: &KeyedTable<Box<[u8]>>,
-    found: &KeyedTable<Box<[u8]>>,
-    out: &Path,
-) -> Result<()> {
-    let missing_or_changed = expected
-        .rows()
-        .iter()
-        .filter(|(k, v)| found.rows().get(*k) != Some(*v))
-        .map(|(k, _)| k);
-    let extra = found
-        .rows()
-        .keys()
-        .filter(|k| !expected.rows().contains_key(*k));
-    let differing: Vec<&Box<[u8]>> = missing_or_changed.chain(extra).collect();
-    let Some(first) = differing.iter().min() else {
-        return Ok(());
+/// Reads the dataset's snapshot and changes into `rows`, like [`read_changelog`].
+fn read_dataset(dataset: &Dataset, rows: &mut KeyedChanges) -> Result<Option<Error>> {
+    for path in dataset.snapshot_files() {
+        let reader = match dataset.snapshot_file_reader(path, BATCH_SIZE) {
+            Ok(reader) => reader,
+            Err(e) => return Ok(Some(e)),
+        };
+        let mut first_row = 0u64;
+        for batch in reader {
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(e) => return Ok(Some(e)),
+            };
+            if let Err(e) = rows.push_snapshot(path, first_row, &batch)? {
+                return Ok(Some(e));
+            }
+            first_row += batch.num_rows() as u64;
+        }
+    }
+    read_changelog(dataset.changelog(BATCH_SIZE), rows, &mut 0)
+}
+
+/// What walking both sides found.
+struct Comparison {
+    /// Rows of the output's final table.
+    found_rows: u64,
+    /// The smallest differing key, described, and how many other keys differ.
+    first: Option<(String, u64)>,
+}
+
+/// Walks both sorted sides key by key (folding each, which records their violations) and
+/// compares the final rows of each key.
+fn compare(expected: &mut KeyFold, found: &mut KeyFold) -> Result<Comparison> {
+    let mut result = Comparison {
+        found_rows: 0,
+        first: None,
     };
-    let show = |table: &KeyedTable<Box<[u8]>>| match table.rows().get(*first) {
-        Some(row) => table.describe_value(row),
-        None => "no row".into(),
-    };
-    let others = match differing.len() - 1 {
-        0 => String::new(),
-        n => format!(" (and {n} other keys)"),
-    };
-    Err(Error::dataset(
-        out,
-        "",
-        format!(
-            "the replay output does not match snapshot + changes: key {} expected {} found {}{others}",
-            expected.describe_key(first),
-            show(expected),
-            show(found),
-        ),
-    ))
+    let mut has_expected = expected.next_key()?;
+    let mut has_found = found.next_key()?;
+    while has_expected || has_found {
+        let order = match (has_expected, has_found) {
+            (true, true) => expected.key().cmp(found.key()),
+            (true, false) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        let (key_of, e, f) = match order {
+            std::cmp::Ordering::Less => (&*expected, expected.final_value(), None),
+            std::cmp::Ordering::Greater => (&*found, None, found.final_value()),
+            std::cmp::Ordering::Equal => (&*found, expected.final_value(), found.final_value()),
+        };
+        result.found_rows += u64::from(f.is_some());
+        if e != f {
+            match &mut result.first {
+                Some((_, others)) => *others += 1,
+                None => {
+                    let show = |side: &KeyFold, value: Option<&[u8]>| match value {
+                        Some(v) => side.describe_value(v),
+                        None => "no row".to_string(),
+                    };
+                    result.first = Some((
+                        format!(
+                            "key {} expected {} found {}",
+                            key_of.describe_key(key_of.key()),
+                            show(expected, e),
+                            show(found, f)
+                        ),
+                        0,
+                    ));
+                }
+            }
+        }
+        if order.is_le() {
+            has_expected = expected.next_key()?;
+        }
+        if order.is_ge() {
+            has_found = found.next_key()?;
+        }
+    }
+    Ok(result)
 }
 
 #[cfg(test)]
@@ -141,7 +251,10 @@ mod tests {
     use arrow_array::RecordBatch;
 
     use super::*;
-    use crate::replay::testing::{MANIFEST, changes, dataset, log, rows, write_batch};
+    use crate::chunk::StreamChunk;
+    use crate::replay::testing::{
+        MANIFEST, changes, dataset, log, random_dataset_text, rows, split, write_batch,
+    };
 
     const SNAPSHOT: &str = "1 a\n2 b\n3 c";
     const CHANGES: &str = "4 + 4 d\n4 U- 1 a\n4 U+ 1 x\n7 - 2 b\n7 + 2 y\n9 - 3 c";
@@ -268,5 +381,191 @@ mod tests {
         let ds = Dataset::open(ds_dir.path()).unwrap();
         let err = verify(&ds, Path::new("/nonexistent/out")).unwrap_err();
         assert!(matches!(err, Error::Dataset { .. }), "{err}");
+    }
+
+    /// Differential: the bounded verifier and the in-memory one agree, error for error, on
+    /// random outputs (correct, or with a row dropped, repeated, changed or moved) of random
+    /// datasets (some of them invalid), whatever the budget.
+    #[test]
+    fn agrees_with_the_in_memory_model() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0xbeef);
+        let scratch = tempfile::tempdir().unwrap();
+        let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+        for case in 0..100 {
+            let (snapshot, change_files) = random_dataset_text(&mut rng, case % 5 == 0);
+            let mut snapshot: Vec<RecordBatch> = snapshot.iter().map(|t| rows(t)).collect();
+            if snapshot.is_empty() {
+                snapshot.push(rows(""));
+            }
+            let ds_dir = dataset(
+                MANIFEST,
+                &snapshot,
+                &change_files.iter().map(|t| log(t)).collect::<Vec<_>>(),
+            );
+            let ds = Dataset::open(ds_dir.path()).unwrap();
+
+            // The correct output: the snapshot as inserts at epoch 1, then the changes.
+            let mut lines: Vec<String> = snapshot
+                .iter()
+                .flat_map(|b| {
+                    StreamChunk::inserts(b.clone())
+                        .to_text()
+                        .unwrap()
+                        .lines()
+                        .map(|l| format!("1 {l}"))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            lines.extend(
+                change_files
+                    .iter()
+                    .flat_map(|t| t.lines().map(str::to_string)),
+            );
+            if !lines.is_empty() {
+                let i = rng.random_range(0..lines.len());
+                match rng.random_range(0..6) {
+                    0 => {
+                        lines.remove(i);
+                    }
+                    1 => lines.insert(i, lines[i].clone()),
+                    2 => {
+                        let mut parts: Vec<&str> = lines[i].split(' ').collect();
+                        parts[3] = if parts[3] == "q" { "r" } else { "q" };
+                        lines[i] = parts.join(" ");
+                    }
+                    3 => {
+                        let line = lines.remove(i);
+                        let j = rng.random_range(0..=lines.len());
+                        lines.insert(j, line);
+                    }
+                    _ => {}
+                }
+            }
+            if case % 10 == 0 {
+                // An empty but consistent output: the dataset's own errors come through.
+                lines.clear();
+            }
+            let mut files: Vec<(u64, RecordBatch)> = split(&mut rng, &lines, 4)
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (i as u64, log(t)))
+                .collect();
+            if files.is_empty() {
+                files.push((0, log("")));
+            }
+            let out = output(&files);
+            let expected = format!("{:?}", in_memory::verify(&ds, out.path()));
+            for budget in [1, 4 << 10, 1 << 20] {
+                let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
+                let found = format!("{:?}", verify_with(&ds, out.path(), &options));
+                assert_eq!(found, expected, "case {case}, budget {budget}");
+            }
+            let kind = if expected.starts_with("Ok") {
+                "ok"
+            } else if expected.contains("does not match") {
+                "differs"
+            } else if expected.contains("epoch-") {
+                "bad output"
+            } else {
+                "bad dataset"
+            };
+            *outcomes.entry(kind.into()).or_default() += 1;
+        }
+        assert!(
+            outcomes.values().all(|&n| n > 5) && outcomes.len() == 4,
+            "{outcomes:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+        assert!(left.is_empty(), "scratch space is cleaned up: {left:?}");
+    }
+
+    /// The verifier with both tables in memory: the reference.
+    mod in_memory {
+        use std::path::Path;
+
+        use crate::error::{Error, Result};
+        use crate::replay::changelog::{ChangelogReader, ChangelogRows};
+        use crate::replay::dataset::{CHANGES_DIR, Dataset};
+        use crate::replay::model::KeyedTable;
+        use crate::replay::verify::{BATCH_SIZE, VerifyReport, output_files};
+        use crate::vnode::VnodeCount;
+
+        pub(super) fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
+            let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
+            let files = output_files(out_dir)?;
+            let output_files = files.len();
+            let mut output = KeyedTable::<Box<[u8]>>::new(dataset.schema(), desc.pk().clone())?;
+            let mut output_rows = 0u64;
+            for rows in ChangelogReader::new(files, dataset.schema().clone(), BATCH_SIZE) {
+                let rows = rows?;
+                apply_changes(&mut output, &rows)?;
+                output_rows += rows.ops.len() as u64;
+            }
+            let mut expected = KeyedTable::<Box<[u8]>>::new(dataset.schema(), desc.pk().clone())?;
+            for path in dataset.snapshot_files() {
+                let mut first_row = 0u64;
+                for batch in dataset.snapshot_file_reader(path, BATCH_SIZE)? {
+                    let batch = batch?;
+                    expected.load(&batch, |i, message| {
+                        Error::dataset(path, format!("row {}", first_row + i as u64), message)
+                    })?;
+                    first_row += batch.num_rows() as u64;
+                }
+            }
+            for rows in dataset.changelog(BATCH_SIZE) {
+                apply_changes(&mut expected, &rows?)?;
+            }
+            compare(&expected, &output, &out_dir.join(CHANGES_DIR))?;
+            Ok(VerifyReport {
+                output_files,
+                output_rows,
+                final_rows: output.len() as u64,
+            })
+        }
+
+        fn apply_changes(table: &mut KeyedTable<Box<[u8]>>, rows: &ChangelogRows) -> Result<()> {
+            table.apply(&rows.data, &rows.ops, |i, message| {
+                rows.location(i).error(message)
+            })
+        }
+
+        fn compare(
+            expected: &KeyedTable<Box<[u8]>>,
+            found: &KeyedTable<Box<[u8]>>,
+            out: &Path,
+        ) -> Result<()> {
+            let missing_or_changed = expected
+                .rows()
+                .iter()
+                .filter(|(k, v)| found.rows().get(*k) != Some(*v))
+                .map(|(k, _)| k);
+            let extra = found
+                .rows()
+                .keys()
+                .filter(|k| !expected.rows().contains_key(*k));
+            let differing: Vec<&Box<[u8]>> = missing_or_changed.chain(extra).collect();
+            let Some(first) = differing.iter().min() else {
+                return Ok(());
+            };
+            let show = |table: &KeyedTable<Box<[u8]>>| match table.rows().get(*first) {
+                Some(row) => table.describe_value(row),
+                None => "no row".into(),
+            };
+            let others = match differing.len() - 1 {
+                0 => String::new(),
+                n => format!(" (and {n} other keys)"),
+            };
+            Err(Error::dataset(
+                out,
+                "",
+                format!(
+                    "the replay output does not match snapshot + changes: key {} expected {} found {}{others}",
+                    expected.describe_key(first),
+                    show(expected),
+                    show(found),
+                ),
+            ))
+        }
     }
 }

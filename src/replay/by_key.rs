@@ -1,0 +1,567 @@
+//! A snapshot and a changelog checked key by key, in memory bounded by a budget.
+//!
+//! Applying a changelog to a table only ever looks at one key at a time, so instead of holding
+//! the table, [`KeyedChanges`] numbers every row in stream order (snapshot files, then change
+//! files: the *sequence*), sorts the rows by key with an [`ExternalSorter`] (stably, so each
+//! key's rows stay in sequence order), and [`KeyFold`] replays each key's rows strictly:
+//!
+//! ```text
+//!   snapshot/a  row 0..  ─┐  seq 0..                      key 1: seq 0 (snapshot) 7 (U-) 8 (U+)
+//!   snapshot/b  row 0..  ─┼─ seq ..    ──external sort──>  key 2: seq 1 (snapshot) 9 (-)
+//!   changes/x   row 0..  ─┘  seq ..       by key           key 4: seq 5 (+) ...
+//!                                                            │ fold each key (the rules of `apply`)
+//!                                                            ▼
+//!                                  the violation with the smallest sequence, its final rows
+//! ```
+//!
+//! Each key's rows are folded with the rules of [`super::apply`]: snapshot row or insert/U+ of
+//! an absent key, delete/U- of a present key with the same values. A table model stops at its
+//! first violation in stream order; the keys do not interact, so that violation is the one
+//! with the smallest sequence among each key's first violation, and that is the one reported,
+//! with the file, the row within it and the epoch of the offending row (found again from the
+//! sequence). Only the rows before a stream error (an unreadable file, a NULL key, an unknown
+//! op, ...) are sorted: the caller reports a violation among them first, as a table model that
+//! applied them one by one would have.
+//!
+//! What is kept per row besides the key, the sequence, the op and the epoch ([`Payload`]):
+//! - [`Payload::Hash`] (validation): a 64-bit hash of the row's all-column encoding, as the
+//!   in-memory model kept; a violation's row values are read back from its file;
+//! - [`Payload::Row`] (verification): the whole row, compared exactly.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int8Type, UInt64Type};
+use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, UInt64Array};
+use arrow_buffer::ScalarBuffer;
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use super::apply::describe_row;
+use super::changelog::{ChangelogRows, RowLocation};
+use super::extsort::{ExternalSorter, SortConfig, SortedBatch, SortedStream};
+use super::files;
+use crate::chunk::Op;
+use crate::error::{Error, Result};
+use crate::key::PrimaryKey;
+
+/// The `_op` code of a snapshot row in the sorted rows (the changelog's codes are 1..=4).
+const SNAPSHOT_CODE: i8 = 0;
+
+/// What is kept of a row besides its key. See the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// The key columns and a 64-bit hash of the row.
+    Hash,
+    /// Every column.
+    Row,
+}
+
+/// Where each file's rows start in the sequence.
+#[derive(Debug, Default)]
+struct FileIndex {
+    /// `(first sequence, path, is a snapshot file)`, in sequence order.
+    starts: Vec<(u64, PathBuf, bool)>,
+}
+
+impl FileIndex {
+    /// Notes that the rows of `path` from `first_row` on start at sequence `seq`.
+    fn note(&mut self, path: &Path, snapshot: bool, first_row: u64, seq: u64) {
+        if self.starts.last().is_none_or(|(_, p, _)| p != path) {
+            self.starts
+                .push((seq.saturating_sub(first_row), path.to_path_buf(), snapshot));
+        }
+    }
+
+    /// The file and the row within it of sequence `seq`.
+    fn locate(&self, seq: u64) -> Result<(&Path, u64, bool)> {
+        let i = self.starts.partition_point(|(start, _, _)| *start <= seq);
+        match i.checked_sub(1).and_then(|i| self.starts.get(i)) {
+            Some((start, path, snapshot)) => Ok((path, seq - start, *snapshot)),
+            None => Err(Error::Internal(format!("sequence {seq} is in no file"))),
+        }
+    }
+}
+
+/// The columns of a sorted row, by payload.
+#[derive(Debug, Clone)]
+struct Layout {
+    payload: Payload,
+    /// The table's columns.
+    table: SchemaRef,
+    /// The key columns within a sorted row.
+    key_columns: Vec<usize>,
+    seq: usize,
+    op: usize,
+    epoch: usize,
+    /// The hash column ([`Payload::Hash`]).
+    hash: usize,
+}
+
+impl Layout {
+    fn new(table: &SchemaRef, pk: &PrimaryKey, payload: Payload) -> (Self, SchemaRef) {
+        let mut fields: Vec<Arc<Field>> = match payload {
+            Payload::Hash => pk
+                .indices()
+                .iter()
+                .map(|&i| table.fields()[i].clone())
+                .collect(),
+            Payload::Row => table.fields().iter().cloned().collect(),
+        };
+        let key_columns = match payload {
+            Payload::Hash => (0..fields.len()).collect(),
+            Payload::Row => pk.indices().to_vec(),
+        };
+        let seq = fields.len();
+        for (name, data_type) in [
+            ("__seq", DataType::UInt64),
+            ("__op", DataType::Int8),
+            ("__epoch", DataType::UInt64),
+            ("__hash", DataType::UInt64),
+        ] {
+            if name != "__hash" || payload == Payload::Hash {
+                fields.push(Arc::new(Field::new(name, data_type, false)));
+            }
+        }
+        let layout = Layout {
+            payload,
+            table: table.clone(),
+            key_columns,
+            seq,
+            op: seq + 1,
+            epoch: seq + 2,
+            hash: seq + 3,
+        };
+        (layout, Arc::new(Schema::new(fields)))
+    }
+}
+
+/// A converter of every column of `schema`: byte equality is row equality.
+fn all_columns(schema: &Schema) -> Result<RowConverter> {
+    let fields = schema
+        .fields()
+        .iter()
+        .map(|f| SortField::new(f.data_type().clone()))
+        .collect();
+    Ok(RowConverter::new(fields)?)
+}
+
+/// Rows of a snapshot then a changelog, numbered and sorted by key. See the module docs.
+pub(crate) struct KeyedChanges {
+    pk: PrimaryKey,
+    layout: Layout,
+    names: Vec<String>,
+    all_columns: RowConverter,
+    hasher: hashbrown::DefaultHashBuilder,
+    sorter: ExternalSorter,
+    files: FileIndex,
+    next_seq: u64,
+}
+
+impl KeyedChanges {
+    /// Rows of `table` keyed by `pk`, spilling to `dir` as `{name}-*.arrow`.
+    pub fn new(
+        table: &SchemaRef,
+        pk: &PrimaryKey,
+        payload: Payload,
+        dir: &Path,
+        name: &str,
+        config: SortConfig,
+    ) -> Result<Self> {
+        let (layout, schema) = Layout::new(table, pk, payload);
+        // The key resolved by name against the sorted rows: key columns come first, so a
+        // table column named like an extra column cannot shadow it.
+        let sort_key = PrimaryKey::new(&schema, pk.columns().to_vec())?;
+        Ok(Self {
+            pk: pk.clone(),
+            names: table.fields().iter().map(|f| f.name().clone()).collect(),
+            all_columns: all_columns(table)?,
+            hasher: Default::default(),
+            sorter: ExternalSorter::new(schema, sort_key, dir, name, config),
+            files: FileIndex::default(),
+            layout,
+            next_seq: 0,
+        })
+    }
+
+    /// The first row with a NULL key value (by key column, then row), as an error made by
+    /// `error(row, message)`.
+    fn check_keys(
+        &self,
+        batch: &RecordBatch,
+        error: impl Fn(usize, String) -> Error,
+    ) -> Result<()> {
+        for &c in self.pk.indices() {
+            let column = batch.column(c);
+            if column.null_count() > 0
+                && let Some(i) = (0..batch.num_rows()).find(|&i| column.is_null(i))
+            {
+                return Err(error(
+                    i,
+                    format!("NULL in primary key column `{}`", self.names[c]),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the keys of snapshot rows `batch` (rows `first_row..` of `path`); a NULL is an
+    /// error about the data, in `Ok(Err(..))`. Then adds them; `Err` is a system error.
+    pub fn push_snapshot(
+        &mut self,
+        path: &Path,
+        first_row: u64,
+        batch: &RecordBatch,
+    ) -> Result<Result<()>> {
+        if let Err(e) = self.check_keys(batch, |i, message| {
+            Error::dataset(path, format!("row {}", first_row + i as u64), message)
+        }) {
+            return Ok(Err(e));
+        }
+        self.files.note(path, true, first_row, self.next_seq);
+        let n = batch.num_rows();
+        let ops = Int8Array::from(vec![SNAPSHOT_CODE; n]);
+        let epochs = UInt64Array::from(vec![0; n]);
+        self.push(batch, ops, epochs).map(Ok)
+    }
+
+    /// Like [`Self::push_snapshot`] for changelog rows.
+    pub fn push_changes(&mut self, rows: &ChangelogRows) -> Result<Result<()>> {
+        if let Err(e) = self.check_keys(&rows.data, |i, message| rows.location(i).error(message)) {
+            return Ok(Err(e));
+        }
+        self.files
+            .note(&rows.path, false, rows.first_row, self.next_seq);
+        let ops: Int8Array = rows.ops.iter().map(|op| op.code()).collect();
+        let epochs = UInt64Array::from(rows.epochs.clone());
+        self.push(&rows.data, ops, epochs).map(Ok)
+    }
+
+    fn push(&mut self, batch: &RecordBatch, ops: Int8Array, epochs: UInt64Array) -> Result<()> {
+        let n = batch.num_rows() as u64;
+        let seqs = UInt64Array::from_iter_values(self.next_seq..self.next_seq + n);
+        self.next_seq += n;
+        let mut columns: Vec<ArrayRef> = match self.layout.payload {
+            Payload::Hash => self.pk.key_columns(batch),
+            Payload::Row => batch.columns().to_vec(),
+        };
+        columns.push(Arc::new(seqs));
+        columns.push(Arc::new(ops));
+        columns.push(Arc::new(epochs));
+        if self.layout.payload == Payload::Hash {
+            let rows = self.all_columns.convert_columns(batch.columns())?;
+            let hashes: UInt64Array = rows
+                .iter()
+                .map(|row| self.hasher.hash_one(row.as_ref()))
+                .collect();
+            columns.push(Arc::new(hashes));
+        }
+        let sorted = RecordBatch::try_new(self.sorter.schema().clone(), columns)?;
+        self.sorter.push(sorted)
+    }
+
+    /// All rows pushed, sorted by key, ready to be folded.
+    pub fn finish(self) -> Result<KeyFold> {
+        Ok(KeyFold {
+            stream: self.sorter.finish()?,
+            pk: self.pk,
+            layout: self.layout,
+            all_columns: self.all_columns,
+            files: self.files,
+            current: None,
+            pos: 0,
+            key: Vec::new(),
+            present: false,
+            held: Vec::new(),
+            first: None,
+        })
+    }
+}
+
+use std::hash::BuildHasher;
+
+/// What went wrong with a key's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breach {
+    /// A snapshot row of a key already in the snapshot.
+    Duplicate,
+    /// An insert or U+ of a present key.
+    Exists(Op),
+    /// A delete or U- of an absent key.
+    Absent(Op),
+    /// A delete or U- with other values than the row held.
+    Differs(Op),
+}
+
+/// The first violation of a key: its sequence, what, the offending row (one row of sorted
+/// rows) and, for [`Breach::Differs`], the held row's value.
+#[derive(Debug, Clone)]
+pub(crate) struct Violation {
+    seq: u64,
+    breach: Breach,
+    row: RecordBatch,
+    held: Vec<u8>,
+}
+
+/// One sorted batch with its decoded columns.
+struct Current {
+    sorted: SortedBatch,
+    seqs: ScalarBuffer<u64>,
+    ops: ScalarBuffer<i8>,
+    values: Values,
+}
+
+/// The compared value of each row of a sorted batch, as bytes.
+enum Values {
+    /// Little-endian 64-bit hashes.
+    Hashes(ScalarBuffer<u64>),
+    /// All-column encodings.
+    Rows(Rows),
+}
+
+impl Values {
+    fn get(&self, i: usize) -> &[u8] {
+        match self {
+            Values::Hashes(h) => bytes_of(&h[i..i + 1]),
+            Values::Rows(rows) => rows.row(i).data(),
+        }
+    }
+}
+
+/// The native bytes of `values` (a value compared with values of the same process only).
+fn bytes_of(values: &[u64]) -> &[u8] {
+    // SAFETY: u64 has no padding and every byte pattern is a valid u8; the length covers
+    // exactly the values and the alignment of u8 is 1.
+    debug_assert!(values.len() <= usize::MAX / 8);
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
+/// Sorted rows folded key by key. See the module docs.
+pub(crate) struct KeyFold {
+    stream: SortedStream,
+    pk: PrimaryKey,
+    layout: Layout,
+    all_columns: RowConverter,
+    files: FileIndex,
+    current: Option<Current>,
+    pos: usize,
+    /// The key of the last group folded, whether it ends with a row, and that row's value.
+    key: Vec<u8>,
+    present: bool,
+    held: Vec<u8>,
+    first: Option<Violation>,
+}
+
+impl KeyFold {
+    /// Makes sure a row is at `pos`; false at the end.
+    fn ensure_row(&mut self) -> Result<bool> {
+        if let Some(current) = &self.current
+            && self.pos < current.sorted.batch.num_rows()
+        {
+            return Ok(true);
+        }
+        self.current = None;
+        self.pos = 0;
+        let Some(sorted) = self.stream.next_batch()? else {
+            return Ok(false);
+        };
+        let batch = &sorted.batch;
+        let seqs = batch
+            .column(self.layout.seq)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .clone();
+        let ops = batch
+            .column(self.layout.op)
+            .as_primitive::<Int8Type>()
+            .values()
+            .clone();
+        let values = match self.layout.payload {
+            Payload::Hash => Values::Hashes(
+                batch
+                    .column(self.layout.hash)
+                    .as_primitive::<UInt64Type>()
+                    .values()
+                    .clone(),
+            ),
+            Payload::Row => Values::Rows(
+                self.all_columns
+                    .convert_columns(&batch.columns()[..self.layout.table.fields().len()])?,
+            ),
+        };
+        self.current = Some(Current {
+            sorted,
+            seqs,
+            ops,
+            values,
+        });
+        Ok(true)
+    }
+
+    /// Folds the rows of the next key. False when there are no more keys; then
+    /// [`Self::key`], [`Self::final_value`] describe that key.
+    pub fn next_key(&mut self) -> Result<bool> {
+        if !self.ensure_row()? {
+            return Ok(false);
+        }
+        let Some(current) = &self.current else {
+            return Ok(false);
+        };
+        self.key.clear();
+        self.key
+            .extend_from_slice(current.sorted.keys.value(self.pos));
+        self.present = false;
+        let mut failed = false;
+        while self.ensure_row()? {
+            let Some(current) = &self.current else {
+                break;
+            };
+            if current.sorted.keys.value(self.pos) != self.key.as_slice() {
+                break;
+            }
+            if !failed {
+                let (seq, code, value) = (
+                    current.seqs[self.pos],
+                    current.ops[self.pos],
+                    current.values.get(self.pos),
+                );
+                let breach = match code {
+                    SNAPSHOT_CODE if self.present => Some(Breach::Duplicate),
+                    _ if code == SNAPSHOT_CODE => None,
+                    code => match Op::from_code(code)? {
+                        op @ (Op::Insert | Op::UpdateInsert) => {
+                            self.present.then_some(Breach::Exists(op))
+                        }
+                        op @ (Op::Delete | Op::UpdateDelete) if !self.present => {
+                            Some(Breach::Absent(op))
+                        }
+                        op => (self.held != value).then_some(Breach::Differs(op)),
+                    },
+                };
+                match breach {
+                    Some(breach) => {
+                        failed = true;
+                        if self.first.as_ref().is_none_or(|f| seq < f.seq) {
+                            self.first = Some(Violation {
+                                seq,
+                                breach,
+                                row: current.sorted.batch.slice(self.pos, 1),
+                                held: match breach {
+                                    Breach::Differs(_) => self.held.clone(),
+                                    _ => Vec::new(),
+                                },
+                            });
+                        }
+                    }
+                    None if code == SNAPSHOT_CODE || Op::from_code(code)?.is_insert() => {
+                        self.present = true;
+                        self.held.clear();
+                        self.held.extend_from_slice(value);
+                    }
+                    None => self.present = false,
+                }
+            }
+            self.pos += 1;
+        }
+        Ok(true)
+    }
+
+    /// The key of the last folded group ([`PrimaryKey::encode`] bytes).
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The value the last folded key ends with: its row's all-column encoding (or hash),
+    /// `None` when it ends deleted.
+    pub fn final_value(&self) -> Option<&[u8]> {
+        self.present.then_some(self.held.as_slice())
+    }
+
+    /// The violation with the smallest sequence so far.
+    pub fn first_violation(&self) -> Option<&Violation> {
+        self.first.as_ref()
+    }
+
+    /// `(name=value, ...)` of a value of [`Payload::Row`] ([`Self::final_value`]).
+    pub fn describe_value(&self, value: &[u8]) -> String {
+        let parser = self.all_columns.parser();
+        let decoded = self
+            .all_columns
+            .convert_rows([parser.parse(value)])
+            .map_err(Error::from)
+            .and_then(|columns| Ok(RecordBatch::try_new(self.layout.table.clone(), columns)?));
+        match decoded {
+            Ok(batch) => describe_row(&batch, &(0..batch.num_columns()).collect::<Vec<_>>(), 0),
+            Err(_) => "(?)".into(),
+        }
+    }
+
+    /// `(key=value, ...)` of an encoded key.
+    pub fn describe_key(&self, key: &[u8]) -> String {
+        let decoded = self
+            .pk
+            .decode([key])
+            .and_then(|columns| Ok(RecordBatch::try_new(self.pk.key_schema().clone(), columns)?));
+        match decoded {
+            Ok(batch) => describe_row(&batch, &(0..batch.num_columns()).collect::<Vec<_>>(), 0),
+            Err(_) => "(?)".into(),
+        }
+    }
+
+    /// The error of a violation: the file, row and epoch of its row, and what is wrong, in
+    /// the words of [`super::apply`].
+    pub fn error(&self, violation: &Violation) -> Result<Error> {
+        let row = &violation.row;
+        let (path, file_row, snapshot) = self.files.locate(violation.seq)?;
+        let key = describe_row(row, &self.layout.key_columns, 0);
+        let what = |op: Op| match op {
+            Op::Insert => "insert",
+            Op::UpdateInsert => "update-insert (U+)",
+            Op::Delete => "delete",
+            Op::UpdateDelete => "update-delete (U-)",
+        };
+        let message = match violation.breach {
+            Breach::Duplicate => format!("duplicate primary key {key} in the snapshot"),
+            Breach::Exists(op) => format!("{} of key {key}, which already exists", what(op)),
+            Breach::Absent(op) => format!("{} of key {key}, which does not exist", what(op)),
+            Breach::Differs(op) => {
+                let (values, held) = match self.layout.payload {
+                    Payload::Row => {
+                        let columns: Vec<usize> = (0..self.layout.table.fields().len()).collect();
+                        (
+                            describe_row(row, &columns, 0),
+                            format!(" {}", self.describe_value(&violation.held)),
+                        )
+                    }
+                    Payload::Hash => {
+                        // Only the hash was kept: read the row back from its file.
+                        let batch = files::read_row(path, file_row)?;
+                        let first = if snapshot { 0 } else { 2 };
+                        let columns: Vec<usize> = (first..batch.num_columns()).collect();
+                        (describe_row(&batch, &columns, 0), String::new())
+                    }
+                };
+                format!(
+                    "{} of key {key} with values {values} that differ from the stored row{held}",
+                    what(op)
+                )
+            }
+        };
+        if snapshot {
+            return Ok(Error::dataset(path, format!("row {file_row}"), message));
+        }
+        let epoch = row
+            .column(self.layout.epoch)
+            .as_primitive::<UInt64Type>()
+            .value(0);
+        Ok(RowLocation {
+            path: path.to_path_buf(),
+            row: file_row,
+            epoch,
+        }
+        .error(message))
+    }
+}
