@@ -274,6 +274,11 @@ fn open_dataset(dir: &std::path::Path) -> Result<Dataset> {
 }
 
 fn replay(args: ReplayArgs) -> Result<()> {
+    // Signals are caught from the start, so an early Ctrl-C also ends with a clean message.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let interrupted = shutdown_signal(&runtime);
     let dataset = open_dataset(&args.dataset)?;
     let out = args
         .out
@@ -305,14 +310,11 @@ fn replay(args: ReplayArgs) -> Result<()> {
         ProgressArg::Plain
     });
     let mut display = ProgressDisplay::new(mode, args.vnodes as u64);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let summary = runtime.block_on(run_replay_until(
         &dataset,
         &options,
         |p| display.update(p),
-        shutdown_signal(),
+        interrupted,
     ));
     display.finish();
     let summary = summary?;
@@ -337,18 +339,25 @@ fn replay(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-/// Completes on the first SIGINT or SIGTERM (never, if the handlers cannot be installed).
-async fn shutdown_signal() -> Interrupt {
+/// Installs SIGINT and SIGTERM handlers (in `runtime`'s context) and returns a future that
+/// completes on the first of them (never, if the handlers cannot be installed).
+fn shutdown_signal(
+    runtime: &tokio::runtime::Runtime,
+) -> impl std::future::Future<Output = Interrupt> + use<> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
+    let _context = runtime.enter();
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => Interrupt::Interrupt,
-        _ = term.recv() => Interrupt::Terminate,
+    );
+    async move {
+        let (Ok(mut int), Ok(mut term)) = handlers else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => Interrupt::Interrupt,
+            _ = term.recv() => Interrupt::Terminate,
+        }
     }
 }
 
