@@ -46,6 +46,7 @@ fn options(out: &Path, io: Arc<dyn StorageIo>) -> ReplayOptions {
         memory_budget: 16 << 10,
         max_deltas: 2,
         compaction: Compaction::Inline,
+        block_cache: 1 << 20,
     };
     o.io = io;
     o

@@ -210,6 +210,7 @@ impl Durable {
             memory_budget: self.budget,
             max_deltas: 2,
             compaction: arrangement_backfill::store::Compaction::Background,
+            block_cache: 1 << 20,
         };
         DurableStore::open_with(
             self.dir.path(),

@@ -96,7 +96,24 @@ struct Input {
     runs: VnodeRuns,
 }
 
-/// Compacts every vnode with at least `min_deltas` committed deltas (at least one).
+/// Whether a vnode is due for compaction: it has `max_deltas` delta runs (the bound on
+/// read amplification), or its deltas hold a quarter of its base's rows (so the rewrite of
+/// the base is paid for by the change it absorbs: each row is rewritten O(log) times, not
+/// once per few commits). `max_deltas` of 1 compacts whatever has a delta.
+fn due(runs: &VnodeRuns, max_deltas: usize) -> bool {
+    let deltas = runs.deltas.len();
+    if deltas == 0 {
+        return false;
+    }
+    if deltas >= max_deltas {
+        return true;
+    }
+    let base: u64 = runs.base.as_ref().map_or(0, |b| b.span.rows);
+    let delta: u64 = runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
+    deltas >= 2 && delta * 4 >= base
+}
+
+/// Compacts every vnode [`due`] for it (with `min_deltas` as the delta bound).
 pub(super) fn compact_all(
     shared: &Arc<Shared>,
     min_deltas: usize,
@@ -117,7 +134,7 @@ pub(super) fn compact_all(
                 t.vnodes
                     .iter()
                     .enumerate()
-                    .filter(move |(_, runs)| runs.deltas.len() >= min)
+                    .filter(move |(_, runs)| due(runs, min))
                     .map(move |(v, runs)| Input {
                         table: name.clone(),
                         vnode: VirtualNode::new(v as u16),

@@ -39,10 +39,11 @@ use arrow_ipc::writer::{FileWriter, IpcWriteOptions, StreamWriter};
 use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
-use crate::store::run::{Run, RunList, SEGMENT_ROWS};
+use crate::store::run::{Run, RunList, SEGMENT_ROWS, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -52,6 +53,23 @@ const INDEX_KEY: &str = "arrangement_backfill.index";
 const HEADER_CRC_KEY: &str = "arrangement_backfill.header_crc";
 /// Arrow IPC file magic and footer length: the last 10 bytes.
 const TRAILER_LEN: usize = 10;
+
+/// The target size of a block in memory.
+pub(crate) const BLOCK_BYTES: usize = 64 << 10;
+/// The fewest rows in a block (unless the run is shorter).
+pub(crate) const MIN_BLOCK_ROWS: usize = 64;
+
+/// Rows per block for rows like these: about [`BLOCK_BYTES`] of them.
+fn block_rows(batch: &RecordBatch) -> usize {
+    let rows = batch.num_rows().max(1);
+    let bytes: usize = batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum();
+    let per_row = (bytes / rows).max(1);
+    (BLOCK_BYTES / per_row).clamp(MIN_BLOCK_ROWS, SEGMENT_ROWS)
+}
 
 /// What the manifest records about a file to check it on open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +185,7 @@ pub(crate) struct RunFileWriter {
     last_keys: Vec<Vec<ArrayRef>>,
     spans: Vec<RunSpan>,
     open_span: Option<RunSpan>,
+    cache: Option<Arc<BlockCache>>,
 }
 
 impl RunFileWriter {
@@ -199,7 +218,14 @@ impl RunFileWriter {
             last_keys: Vec::new(),
             spans: Vec::new(),
             open_span: None,
+            cache: None,
         })
+    }
+
+    /// Caches the blocks the finished file decodes.
+    pub fn with_cache(mut self, cache: Option<Arc<BlockCache>>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// Starts a run of `vnode`; blocks written until [`Self::end_run`] belong to it.
@@ -225,12 +251,14 @@ impl RunFileWriter {
         }
     }
 
-    /// Writes sorted rows (and their tombstones) of the open run, cut into blocks of at most
-    /// [`SEGMENT_ROWS`] rows.
+    /// Writes sorted rows (and their tombstones) of the open run, cut into blocks of about
+    /// [`BLOCK_BYTES`] (between [`MIN_BLOCK_ROWS`] and [`SEGMENT_ROWS`] rows): a scan holds
+    /// one block per source, so the block size bounds a backfill's memory per vnode.
     pub fn write(&mut self, batch: &RecordBatch, deleted: Option<&BooleanArray>) -> Result<()> {
+        let block_rows = block_rows(batch);
         let mut offset = 0;
         while offset < batch.num_rows() {
-            let len = (batch.num_rows() - offset).min(SEGMENT_ROWS);
+            let len = (batch.num_rows() - offset).min(block_rows);
             let part = batch.slice(offset, len);
             let tombstones = match deleted {
                 Some(d) => d.slice(offset, len),
@@ -260,6 +288,9 @@ impl RunFileWriter {
         };
         let rows = u32::try_from(batch.num_rows())
             .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
+        // A slice of a view array still points into all of its data buffers, which the IPC
+        // writer would write out whole for every block: keep only the bytes in use.
+        let batch = gc_views(batch.clone())?;
         let mut columns = cast_columns(
             batch.columns(),
             &self.schema.fields()[..batch.num_columns()],
@@ -327,6 +358,7 @@ impl RunFileWriter {
             last_keys: encoded,
             decoder: FileDecoder::new(self.schema, MetadataVersion::V5),
             obsolete: AtomicBool::new(false),
+            cache: self.cache,
         };
         Ok((Arc::new(file), check, self.spans))
     }
@@ -437,6 +469,7 @@ pub(crate) struct RunFile {
     last_keys: BinaryArray,
     decoder: FileDecoder,
     obsolete: AtomicBool,
+    cache: Option<Arc<BlockCache>>,
 }
 
 impl std::fmt::Debug for RunFile {
@@ -584,7 +617,14 @@ impl RunFile {
             blocks,
             last_keys,
             obsolete: AtomicBool::new(false),
+            cache: None,
         })
+    }
+
+    /// Caches the blocks this file decodes.
+    pub fn with_cache(mut self, cache: Option<Arc<BlockCache>>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// The file id.
@@ -665,6 +705,25 @@ impl RunFile {
             .get()
             .map(|h| h.as_ref())
             .ok_or_else(|| Error::Internal("run file handle vanished".into()))
+    }
+
+    /// Block `i`, from the cache or read, checked and decoded.
+    pub fn load_block(&self, i: usize) -> Result<Arc<Run>> {
+        let key = (self.id, i);
+        if let Some(cache) = &self.cache
+            && let Some(run) = cache.get(key)
+        {
+            return Ok(run);
+        }
+        let run = Arc::new(self.read_block(i)?);
+        if let Some(cache) = &self.cache {
+            // The decoded columns share the block's one buffer (counting each column's
+            // memory would count that buffer once per column); the keys are their own.
+            let block = usize::try_from(self.blocks[i].len).unwrap_or(usize::MAX);
+            let keys = run.data.keys.values().len() + run.data.keys.len() * 4;
+            cache.insert(key, run.clone(), block.saturating_add(keys));
+        }
+        Ok(run)
     }
 
     /// Reads and checks block `i`.
@@ -803,9 +862,7 @@ impl RunList for DiskRun {
     }
 
     fn load(&self, i: usize) -> Result<Arc<Run>> {
-        Ok(Arc::new(
-            self.file.read_block(self.span.first as usize + i)?,
-        ))
+        self.file.load_block(self.span.first as usize + i)
     }
 }
 
@@ -863,14 +920,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (file, check, spans) = write_file(dir.path());
         assert_eq!(spans.len(), 2);
-        assert_eq!(
-            (spans[0].count, spans[0].rows),
-            (3, 20_000),
-            "cut into 8192-row blocks"
+        assert_eq!(spans[0].rows, 20_000);
+        assert!(
+            spans[0].count >= 3,
+            "cut into blocks of about {BLOCK_BYTES} bytes"
         );
         assert_eq!(
             (spans[1].vnode, spans[1].first, spans[1].rows),
-            (VirtualNode::new(3), 3, 5)
+            (VirtualNode::new(3), spans[0].count, 5)
         );
         let reopened = RunFile::open(
             RealIo::shared(),
@@ -920,6 +977,42 @@ mod tests {
         std::fs::write(&path, &original[..original.len() - 3]).unwrap();
         let err = RunFile::open(RealIo::shared(), path.clone(), 7, desc(), check).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn slices_of_view_columns_write_only_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8View, false),
+        ]));
+        let desc = Arc::new(
+            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(1).unwrap()),
+        );
+        let n = 50_000i64;
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..n)),
+                Arc::new(arrow_array::StringViewArray::from_iter_values((0..n).map(
+                    |k| format!("a string long enough to be out of line {k:>10}"),
+                ))),
+            ],
+        )
+        .unwrap();
+        let mut w =
+            RunFileWriter::create(RealIo::shared(), dir.path().join("v.arrow"), 1, desc).unwrap();
+        w.begin_run(VirtualNode::ZERO).unwrap();
+        w.write(&batch, None).unwrap();
+        let (_, check, _) = w.finish().unwrap();
+        let raw = n as u64 * (8 + 16 + 50);
+        assert!(
+            check.size < raw * 2,
+            "{} bytes on disk for {raw} bytes of rows: every block wrote all string data",
+            check.size
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! - After an I/O error during a commit the outcome on disk is unknown: the store refuses
 //!   every later operation until it is reopened (which tells which manifest won).
 
+mod cache;
 mod compaction;
 mod file;
 mod lock;
@@ -59,10 +60,14 @@ pub struct DurableOptions {
     /// Bytes of uncommitted data kept in memory (sealed layers and write buffers) before
     /// layers are spilled to run files.
     pub memory_budget: usize,
-    /// Compact a vnode once it has this many committed delta runs.
+    /// Compact a vnode once it has this many committed delta runs (or earlier, once its
+    /// deltas hold a quarter of its base's rows).
     pub max_deltas: usize,
     /// When compaction runs.
     pub compaction: Compaction,
+    /// Bytes of decoded blocks kept for re-reads (a backfill re-opens its scans at every
+    /// barrier, at the blocks it stopped in).
+    pub block_cache: usize,
 }
 
 /// When a [`DurableStore`] compacts.
@@ -82,8 +87,9 @@ impl Default for DurableOptions {
     fn default() -> Self {
         Self {
             memory_budget: 256 << 20,
-            max_deltas: 6,
+            max_deltas: 24,
             compaction: Compaction::Background,
+            block_cache: 64 << 20,
         }
     }
 }
@@ -110,6 +116,7 @@ struct Shared {
     /// by commits appending deltas.
     compaction_lock: Mutex<()>,
     next_file_id: AtomicU64,
+    cache: Arc<cache::BlockCache>,
     _lock: DirLock,
 }
 
@@ -286,6 +293,7 @@ impl DurableStore {
         let dir = dir.into();
         io.create_dir_all(&dir)?;
         let lock = DirLock::acquire(&dir)?;
+        let block_cache = cache::BlockCache::new(options.block_cache);
         let names = io.list(&dir)?;
         let manifest = match Manifest::load(io.as_ref(), &dir)? {
             Some(m) => m,
@@ -338,7 +346,8 @@ impl DurableStore {
                         f.id,
                         descs[t].clone(),
                         f.check(),
-                    )?;
+                    )?
+                    .with_cache(Some(block_cache.clone()));
                     Ok((f.id, Arc::new(file)))
                 })
                 .collect()
@@ -415,6 +424,7 @@ impl DurableStore {
                 state: RwLock::new(state),
                 manifest_lock: Mutex::new(()),
                 compaction_lock: Mutex::new(()),
+                cache: block_cache.clone(),
                 next_file_id: AtomicU64::new(next_id),
                 _lock: lock,
             }),
@@ -527,6 +537,7 @@ impl Shared {
             id,
             desc.clone(),
         )
+        .map(|w| w.with_cache(Some(self.cache.clone())))
     }
 
     /// Writes runs of one table to a new file; the file is removed again unless a manifest
