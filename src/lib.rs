@@ -29,7 +29,9 @@
 //! - [`vnode`]: vnodes and the persisted, vectorized vnode hash.
 //! - [`key`]: primary-key order, arrow-row encoding, positions.
 //! - [`table`]: table definitions (schema, key, distribution).
-//! - [`store`]: the versioned state store and its in-memory columnar implementation.
+//! - [`store`]: the versioned state store: the in-memory columnar store, and the durable
+//!   embedded store (Arrow IPC run files, an atomic manifest, crash-safe resume), with the
+//!   file I/O seam that tests inject faults through.
 //! - [`merge`]: the k-way merge of per-vnode snapshot streams.
 //! - [`backfill`]: progress, the upstream filter, the I/O-free core, the async executor, the
 //!   no-shuffle baseline and the row-at-a-time reference.
