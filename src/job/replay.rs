@@ -520,6 +520,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                 store.stage_meta(META_JOB, &identity)?;
                 store.stage_meta(META_APPLIED, "0")?;
                 store.commit(SNAPSHOT_EPOCH)?;
+                // Merge the load's sorted pieces into one run per vnode before the backfill
+                // starts: its scans then read one source per vnode, not one per piece.
+                store.compact()?;
                 summary.load_time = load_started.elapsed();
                 (SNAPSHOT_EPOCH, 0)
             }

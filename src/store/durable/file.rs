@@ -182,7 +182,9 @@ pub(crate) struct RunFileWriter {
     writer: FileWriter<Sink>,
     header_crc: u32,
     blocks: Vec<BlockMeta>,
-    last_keys: Vec<Vec<ArrayRef>>,
+    /// Each block's last key, encoded and owned (a slice of the block would keep the whole
+    /// block's buffers alive until the file is finished).
+    last_keys: Vec<Vec<u8>>,
     spans: Vec<RunSpan>,
     open_span: Option<RunSpan>,
     cache: Option<Arc<BlockCache>>,
@@ -312,7 +314,8 @@ impl RunFileWriter {
             crc,
         });
         let last = batch.slice(batch.num_rows().saturating_sub(1), 1);
-        self.last_keys.push(self.desc.pk().key_columns(&last));
+        let key = self.desc.pk().encode(&last)?;
+        self.last_keys.push(key.value(0).to_vec());
         Ok(())
     }
 
@@ -364,19 +367,19 @@ impl RunFileWriter {
     }
 
     fn key_columns(&self) -> Result<Vec<ArrayRef>> {
-        let n = self.desc.pk().key_schema().fields().len();
-        let mut columns = Vec::with_capacity(n);
-        for c in 0..n {
-            let parts: Vec<&dyn Array> = self.last_keys.iter().map(|k| k[c].as_ref()).collect();
-            if parts.is_empty() {
-                columns.push(arrow_array::new_empty_array(
-                    self.desc.pk().key_schema().field(c).data_type(),
-                ));
-            } else {
-                columns.push(arrow_select::concat::concat(&parts)?);
-            }
+        if self.last_keys.is_empty() {
+            return Ok(self
+                .desc
+                .pk()
+                .key_schema()
+                .fields()
+                .iter()
+                .map(|f| arrow_array::new_empty_array(f.data_type()))
+                .collect());
         }
-        Ok(columns)
+        self.desc
+            .pk()
+            .decode(self.last_keys.iter().map(|k| k.as_slice()))
     }
 }
 

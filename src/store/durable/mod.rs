@@ -448,11 +448,6 @@ impl DurableStore {
         Ok(self.read()?.tables.get(name).map(|t| t.desc.clone()))
     }
 
-    /// Compacts every vnode with committed deltas now, on this thread.
-    pub fn compact(&self) -> Result<()> {
-        compaction::compact_all(&self.shared, 1, &std::sync::atomic::AtomicBool::new(false))
-    }
-
     /// Live run files (for tests and reports).
     pub fn live_files(&self) -> Result<usize> {
         Ok(self.read()?.files.len())
@@ -833,6 +828,11 @@ impl StateStore for DurableStore {
 
     fn committed_epoch(&self) -> Result<Option<u64>> {
         Ok(self.read()?.committed)
+    }
+
+    /// Compacts every vnode with committed deltas now, on this thread.
+    fn compact(&self) -> Result<()> {
+        compaction::compact_all(&self.shared, 1, &std::sync::atomic::AtomicBool::new(false))
     }
 
     fn meta(&self, key: &str) -> Result<Option<String>> {
