@@ -32,9 +32,12 @@ def main(src, dst, k):
     with open(f"{dst}/dataset.json", "w") as f:
         json.dump(manifest, f)
     snapshots = sorted(os.listdir(f"{src}/snapshot"))
+    change_files = sorted(os.listdir(f"{src}/changes"))
+    # Above every key of the snapshot and of the changelog (which inserts new keys).
     offset = 1 + max(
-        pc.max(pq.read_table(f"{src}/snapshot/{s}", columns=["l_orderkey"])["l_orderkey"]).as_py()
-        for s in snapshots
+        pc.max(pq.read_table(path, columns=["l_orderkey"])["l_orderkey"]).as_py()
+        for path in [f"{src}/snapshot/{s}" for s in snapshots]
+        + [f"{src}/changes/{c}" for c in change_files]
     )
     for copy in range(k):
         for s in snapshots:
@@ -49,9 +52,7 @@ def main(src, dst, k):
                 writer.write_table(t)
             if writer is not None:
                 writer.close()
-    changes = pa.concat_tables(
-        pq.read_table(f"{src}/changes/{c}") for c in sorted(os.listdir(f"{src}/changes"))
-    )
+    changes = pa.concat_tables(pq.read_table(f"{src}/changes/{c}") for c in change_files)
     epochs = changes.column("_epoch").to_pylist()
     writer = None
     start = 0

@@ -38,10 +38,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, RecordBatchOptions};
+use arrow_array::{Array, BinaryArray, RecordBatch};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::SchemaRef;
 use arrow_select::interleave::{interleave, interleave_record_batch};
 use rayon::slice::ParallelSliceMut;
 
@@ -450,26 +450,7 @@ impl RunWriter {
 /// them), and the IPC writer writes each batch's buffers whole: without this, every spilled
 /// batch of a run would carry the whole run's strings.
 fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
-    let is_view = |t: &DataType| matches!(t, DataType::Utf8View | DataType::BinaryView);
-    if !batch.columns().iter().any(|c| is_view(c.data_type())) {
-        return Ok(batch.clone());
-    }
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| -> ArrayRef {
-            match c.data_type() {
-                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
-                _ => c.clone(),
-            }
-        })
-        .collect();
-    Ok(RecordBatch::try_new_with_options(
-        batch.schema(),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
-    )?)
+    crate::store::gc_views(batch.clone())
 }
 
 /// Sorted batches: straight from memory, or merged from runs on disk.

@@ -952,6 +952,23 @@ impl DurableTable {
     }
 }
 
+impl DurableTable {
+    /// Everything a read of `vnode` at `epoch` merges, oldest first: the base, the committed
+    /// deltas, then the visible sealed layers.
+    fn sources(&self, vnode: VirtualNode, epoch: u64) -> Result<Vec<Box<dyn RunList>>> {
+        self.check_owned(vnode)?;
+        let state = self.store.read()?;
+        state.check_ok()?;
+        state.check_read_epoch(self.desc.name(), epoch)?;
+        let table = state.table(self.desc.name())?;
+        let mut sources = table.vnodes[vnode.index()].sources();
+        for run in self.visible_layers(&state, vnode, epoch)? {
+            sources.push(run.list());
+        }
+        Ok(sources)
+    }
+}
+
 /// Point lookup in a run list: the row with `key` and whether it is a tombstone.
 fn find_in(list: &dyn RunList, key: &[u8]) -> Result<Option<(Arc<Run>, usize)>> {
     let (mut lo, mut hi) = (0, list.len());
@@ -1095,36 +1112,14 @@ impl StateTable for DurableTable {
         epoch: u64,
         batch_size: usize,
     ) -> Result<DurableScan> {
-        self.check_owned(vnode)?;
-        let sources = {
-            let state = self.store.read()?;
-            state.check_ok()?;
-            state.check_read_epoch(self.desc.name(), epoch)?;
-            let table = state.table(self.desc.name())?;
-            let mut sources = table.vnodes[vnode.index()].sources();
-            for run in self.visible_layers(&state, vnode, epoch)? {
-                sources.push(run.list());
-            }
-            sources
-        };
+        let sources = self.sources(vnode, epoch)?;
         Ok(DurableScan {
             reader: MergeReader::new(sources, after.map(Position::as_bytes), batch_size)?,
         })
     }
 
     fn get(&self, vnode: VirtualNode, key: &[u8], epoch: u64) -> Result<Option<RecordBatch>> {
-        self.check_owned(vnode)?;
-        let sources = {
-            let state = self.store.read()?;
-            state.check_ok()?;
-            state.check_read_epoch(self.desc.name(), epoch)?;
-            let table = state.table(self.desc.name())?;
-            let mut sources = table.vnodes[vnode.index()].sources();
-            for run in self.visible_layers(&state, vnode, epoch)? {
-                sources.push(run.list());
-            }
-            sources
-        };
+        let sources = self.sources(vnode, epoch)?;
         for source in sources.iter().rev() {
             if let Some((run, row)) = find_in(source.as_ref(), key)? {
                 let deleted = run.deleted.as_ref().is_some_and(|d| d.value(row));
