@@ -23,7 +23,7 @@ use crate::store::run::SEGMENT_ROWS;
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).
-const JOB_ROWS: u64 = 4 << 20;
+const JOB_ROWS: u64 = 1 << 20;
 
 /// The background compaction thread.
 #[derive(Debug)]
