@@ -15,8 +15,8 @@ use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 use rayon::prelude::*;
 
-use super::run::{MergeReader, Run, RunList, build_runs, compact};
-use super::{KeyedBatch, SnapshotScan, StateStore, StateTable};
+use super::run::{MergeReader, Run, RunList, build_pending_runs, compact};
+use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
@@ -289,14 +289,7 @@ impl StateTable for MemoryTable {
     }
 
     fn write(&mut self, chunk: &StreamChunk) -> Result<()> {
-        self.desc.check_schema(&chunk.schema(), "a write")?;
-        let vnodes = self.desc.vnodes_of(chunk.batch())?;
-        if let Some(vnode) = vnodes.iter().find(|v| !self.vnodes.contains(**v)) {
-            return Err(Error::VnodeNotOwned {
-                vnode: vnode.get(),
-                owner: self.owner(),
-            });
-        }
+        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || self.owner())?;
         if !chunk.is_empty() {
             self.pending.push((chunk.clone(), vnodes));
         }
@@ -304,42 +297,18 @@ impl StateTable for MemoryTable {
     }
 
     fn seal(&mut self, epoch: u64) -> Result<()> {
-        if let Some(last) = self.last_sealed
-            && epoch <= last
-        {
-            return Err(Error::EpochOrder {
-                context: format!("seal of table `{}`", self.desc.name()),
-                epoch,
-                previous: last,
-            });
-        }
         let committed = self.store.committed_epoch()?;
-        if !self.replicated
-            && let Some(committed) = committed
-            && epoch <= committed
-        {
-            return Err(Error::EpochOrder {
-                context: format!("seal of table `{}` (already committed)", self.desc.name()),
-                epoch,
-                previous: committed,
-            });
-        }
-        let layer = if self.pending.is_empty() {
-            Layer::new()
-        } else {
-            let schema = self.desc.schema().clone();
-            let chunks: Vec<StreamChunk> = self.pending.iter().map(|(c, _)| c.clone()).collect();
-            let all = StreamChunk::concat(&schema, &chunks)?;
-            let vnodes: Vec<VirtualNode> = self
-                .pending
-                .iter()
-                .flat_map(|(_, v)| v.iter().copied())
-                .collect();
-            build_runs(&self.desc, all.batch(), all.ops(), &vnodes)?
-                .into_iter()
-                .map(|(vnode, run)| (vnode, Arc::new(run)))
-                .collect()
-        };
+        check_seal(
+            &self.desc,
+            epoch,
+            self.last_sealed,
+            committed,
+            self.replicated,
+        )?;
+        let layer: Layer = build_pending_runs(&self.desc, &self.pending)?
+            .into_iter()
+            .map(|(vnode, run)| (vnode, Arc::new(run)))
+            .collect();
         if self.replicated {
             let keep_after = committed.map_or(0, |c| c + 1);
             self.local = self.local.split_off(&keep_after);

@@ -48,6 +48,57 @@ use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 
+/// The checks every handle makes on a write: the table's schema, and rows only in the
+/// vnodes it owns. Returns each row's vnode.
+pub(crate) fn check_write(
+    desc: &TableDesc,
+    owned: &VnodeBitmap,
+    chunk: &StreamChunk,
+    owner: impl FnOnce() -> String,
+) -> Result<Vec<VirtualNode>> {
+    desc.check_schema(&chunk.schema(), "a write")?;
+    let vnodes = desc.vnodes_of(chunk.batch())?;
+    if let Some(vnode) = vnodes.iter().find(|v| !owned.contains(**v)) {
+        return Err(crate::error::Error::VnodeNotOwned {
+            vnode: vnode.get(),
+            owner: owner(),
+        });
+    }
+    Ok(vnodes)
+}
+
+/// The epoch rules of a seal: after the handle's last seal and, for a handle that is not
+/// replicated, above the committed epoch.
+pub(crate) fn check_seal(
+    desc: &TableDesc,
+    epoch: u64,
+    last_sealed: Option<u64>,
+    committed: Option<u64>,
+    replicated: bool,
+) -> Result<()> {
+    use crate::error::Error;
+    if let Some(last) = last_sealed
+        && epoch <= last
+    {
+        return Err(Error::EpochOrder {
+            context: format!("seal of table `{}`", desc.name()),
+            epoch,
+            previous: last,
+        });
+    }
+    if !replicated
+        && let Some(committed) = committed
+        && epoch <= committed
+    {
+        return Err(Error::EpochOrder {
+            context: format!("seal of table `{}` (already committed)", desc.name()),
+            epoch,
+            previous: committed,
+        });
+    }
+    Ok(())
+}
+
 /// Rows of one table with their encoded primary keys (`keys.value(i)` is row `i`'s key).
 #[derive(Debug, Clone)]
 pub struct KeyedBatch {

@@ -16,7 +16,7 @@ use arrow_buffer::BooleanBuffer;
 use arrow_schema::DataType;
 use rayon::prelude::*;
 
-use crate::chunk::Op;
+use crate::chunk::{Op, StreamChunk};
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::table::TableDesc;
@@ -184,6 +184,23 @@ impl RunList for Vec<Arc<Run>> {
     fn load(&self, i: usize) -> Result<Arc<Run>> {
         Ok(self[i].clone())
     }
+}
+
+/// [`build_runs`] over chunks buffered with their rows' vnodes, in write order.
+pub(crate) fn build_pending_runs(
+    desc: &TableDesc,
+    pending: &[(StreamChunk, Vec<VirtualNode>)],
+) -> Result<Vec<(VirtualNode, Run)>> {
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chunks: Vec<StreamChunk> = pending.iter().map(|(c, _)| c.clone()).collect();
+    let all = StreamChunk::concat(desc.schema(), &chunks)?;
+    let vnodes: Vec<VirtualNode> = pending
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    build_runs(desc, all.batch(), all.ops(), &vnodes)
 }
 
 /// One input of a merged read: a list of runs read in order.

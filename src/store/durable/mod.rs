@@ -46,8 +46,8 @@ use hashbrown::HashMap;
 use self::file::{DiskRun, RunFile, RunFileWriter, RunSpan};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
-use super::run::{MergeReader, Run, RunList, build_runs};
-use super::{KeyedBatch, SnapshotScan, StateStore, StateTable};
+use super::run::{MergeReader, Run, RunList, build_pending_runs};
+use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
@@ -883,20 +883,10 @@ impl DurableTable {
 
     /// The pending chunks as sorted runs per vnode (last change per key), in memory.
     fn build_pending(&mut self) -> Result<Vec<(VirtualNode, Run)>> {
-        if self.pending.is_empty() {
-            return Ok(Vec::new());
-        }
-        let schema = self.desc.schema().clone();
-        let chunks: Vec<StreamChunk> = self.pending.iter().map(|(c, _)| c.clone()).collect();
-        let all = StreamChunk::concat(&schema, &chunks)?;
-        let vnodes: Vec<VirtualNode> = self
-            .pending
-            .iter()
-            .flat_map(|(_, v)| v.iter().copied())
-            .collect();
+        let runs = build_pending_runs(&self.desc, &self.pending)?;
         self.pending.clear();
         self.pending_bytes = 0;
-        build_runs(&self.desc, all.batch(), all.ops(), &vnodes)
+        Ok(runs)
     }
 
     /// Sorts the pending chunks and writes them to an (uncommitted) run file.
@@ -999,14 +989,7 @@ impl StateTable for DurableTable {
     }
 
     fn write(&mut self, chunk: &StreamChunk) -> Result<()> {
-        self.desc.check_schema(&chunk.schema(), "a write")?;
-        let vnodes = self.desc.vnodes_of(chunk.batch())?;
-        if let Some(vnode) = vnodes.iter().find(|v| !self.vnodes.contains(**v)) {
-            return Err(Error::VnodeNotOwned {
-                vnode: vnode.get(),
-                owner: self.owner(),
-            });
-        }
+        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || self.owner())?;
         if chunk.is_empty() {
             return Ok(());
         }
@@ -1020,30 +1003,18 @@ impl StateTable for DurableTable {
     }
 
     fn seal(&mut self, epoch: u64) -> Result<()> {
-        if let Some(last) = self.last_sealed
-            && epoch <= last
-        {
-            return Err(Error::EpochOrder {
-                context: format!("seal of table `{}`", self.desc.name()),
-                epoch,
-                previous: last,
-            });
-        }
         let committed = {
             let state = self.store.read()?;
             state.check_ok()?;
             state.committed
         };
-        if !self.replicated
-            && let Some(committed) = committed
-            && epoch <= committed
-        {
-            return Err(Error::EpochOrder {
-                context: format!("seal of table `{}` (already committed)", self.desc.name()),
-                epoch,
-                previous: committed,
-            });
-        }
+        check_seal(
+            &self.desc,
+            epoch,
+            self.last_sealed,
+            committed,
+            self.replicated,
+        )?;
         let memory_runs = self.build_pending()?;
         let memory_bytes: usize = memory_runs.iter().map(|(_, r)| run_bytes(r)).sum();
         let over_budget = !self.replicated && {
