@@ -289,7 +289,7 @@ impl MergeReader {
         })
     }
 
-    /// The next batch of visible rows, or `None` when exhausted.
+    /// The next batch of visible rows (at most `batch_size`), or `None` when exhausted.
     ///
     /// Rows are taken in ranges: the winning source contributes every row whose key is below
     /// the smallest head of the other sources in one step (a binary search), so a base with
@@ -312,6 +312,15 @@ impl MergeReader {
             else {
                 break;
             };
+            // A batch at least half full ends where its rows would have to come from another
+            // run: handing out a short zero-copy slice beats copying both pieces into one.
+            if total >= self.batch_size / 2
+                && pieces
+                    .last()
+                    .is_some_and(|(last, _, _)| !Arc::ptr_eq(last, &run))
+            {
+                break;
+            }
             // The smallest head among the other sources bounds the winner's range.
             let mut bound: Option<&[u8]> = None;
             for (s, source) in self.sources.iter().enumerate() {
@@ -455,4 +464,53 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{BinaryArray, Int64Array};
+    use arrow_schema::{Field, Schema};
+
+    /// A run of Int64 rows whose keys are the values' big-endian bytes (sorted as numbers).
+    fn run(values: std::ops::RangeInclusive<i64>) -> Arc<Run> {
+        let values: Vec<i64> = values.collect();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.clone()))]).unwrap();
+        let keys = BinaryArray::from_iter_values(values.iter().map(|v| v.to_be_bytes()));
+        Arc::new(Run {
+            data: KeyedBatch { batch, keys },
+            deleted: None,
+        })
+    }
+
+    fn batches(batch_size: usize) -> Vec<Vec<i64>> {
+        let base: Box<dyn RunList> = Box::new(vec![run(1..=6), run(7..=10)]);
+        let mut reader = MergeReader::new(vec![base], None, batch_size).unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = reader.next_batch().unwrap() {
+            let k = b
+                .batch
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            out.push(k.values().to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn a_half_full_batch_ends_at_a_run_boundary_instead_of_copying() {
+        assert_eq!(
+            batches(4),
+            vec![vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9, 10]]
+        );
+        assert_eq!(batches(8), vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 10]]);
+    }
+
+    #[test]
+    fn a_batch_under_half_full_crosses_run_boundaries() {
+        assert_eq!(batches(16), vec![(1..=10).collect::<Vec<i64>>()]);
+        assert_eq!(batches(5), vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]]);
+    }
 }
