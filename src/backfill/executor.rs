@@ -388,6 +388,9 @@ where
         } else {
             batch_size
         };
+        // The previous epoch's merge goes first: its inputs hold a loaded block per source
+        // per vnode, and holding both sets at once doubled the replay's peak memory.
+        self.merger = None;
         let mut inputs = Vec::with_capacity(plan.len());
         for (vnode, pos) in plan {
             let scan = self
