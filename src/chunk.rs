@@ -24,7 +24,7 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 
 /// Name of the op column in changelog files.
 pub const OP_COLUMN: &str = "_op";
@@ -182,11 +182,11 @@ impl StreamChunk {
     /// kept alone an [`Op::Insert`]. The result is compact (no hidden rows).
     pub fn filter(&self, keep: &BooleanArray) -> Result<Self> {
         if keep.len() != self.num_rows() {
-            return Err(Error::Internal(format!(
+            return Err(internal!(
                 "filter mask of {} rows for a chunk of {} rows",
                 keep.len(),
                 self.num_rows()
-            )));
+            ));
         }
         // NULL counts as "drop".
         let keep = match keep.nulls() {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use arrangement_backfill::Result;
-use arrangement_backfill::backfill::executor::{MAX_BATCH_SIZE, SnapshotOrder};
+use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::job::replay::{
     Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, STATE_DIR, StateChoice,
     default_out_dir, run_replay_until,

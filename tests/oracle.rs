@@ -4,7 +4,7 @@
 
 mod common;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::backfill::SnapshotOrder;
 use common::{Harness, Kind, Params, Shape};
 
 /// Runs `seeds` cases for every combination of the matrix.

@@ -4,8 +4,8 @@
 
 mod common;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
-use arrangement_backfill::backfill::progress::VnodeProgress;
+use arrangement_backfill::backfill::SnapshotOrder;
+use arrangement_backfill::backfill::VnodeProgress;
 use arrangement_backfill::chunk::{Mutation, StreamChunk};
 use arrangement_backfill::store::{MemoryStore, StateStore, StateTable};
 use arrangement_backfill::vnode::{self, VnodeBitmap};

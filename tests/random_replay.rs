@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::backfill::SnapshotOrder;
 use arrangement_backfill::job::replay::{ReplayOptions, StateChoice, run_replay};
 use arrangement_backfill::replay::{Dataset, verify};
 use arrangement_backfill::vnode::VnodeCount;

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use crate::backfill::filter::UpstreamFilter;
 use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts};
 use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::merge::MergeOutput;
 use crate::table::TableDesc;
@@ -328,10 +328,11 @@ impl<T: Tracker> BackfillCore<T> {
     /// A batch of snapshot rows in key order (merged or per vnode): emitted as inserts.
     pub fn on_snapshot_output(&mut self, out: MergeOutput) -> Result<Vec<Action>> {
         if self.phase != Phase::Backfilling || self.snapshot_exhausted {
-            return Err(Error::Internal(format!(
+            return Err(internal!(
                 "snapshot output in phase {:?} (exhausted: {})",
-                self.phase, self.snapshot_exhausted
-            )));
+                self.phase,
+                self.snapshot_exhausted
+            ));
         }
         self.snapshot_reads_this_epoch += 1;
         self.tracker.on_snapshot(&out)?;
@@ -347,10 +348,7 @@ impl<T: Tracker> BackfillCore<T> {
     /// The snapshot scans of this epoch are all exhausted.
     pub fn on_snapshot_end(&mut self) -> Result<Vec<Action>> {
         if self.phase != Phase::Backfilling {
-            return Err(Error::Internal(format!(
-                "snapshot end in phase {:?}",
-                self.phase
-            )));
+            return Err(internal!("snapshot end in phase {:?}", self.phase));
         }
         self.snapshot_reads_this_epoch += 1;
         self.snapshot_exhausted = true;
@@ -371,7 +369,7 @@ impl<T: Tracker> BackfillCore<T> {
         }
         let current = self
             .epoch
-            .ok_or_else(|| Error::Internal("running without an epoch".into()))?;
+            .ok_or_else(|| internal!("running without an epoch"))?;
         if barrier.epoch.prev != current.curr || barrier.epoch.curr <= barrier.epoch.prev {
             return Err(Error::EpochOrder {
                 context: format!(

@@ -30,7 +30,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::{KeyColumn, Position, PrimaryKey};
 use crate::store::{SnapshotScan, StateTable};
 use crate::table::TableDesc;
@@ -154,9 +154,7 @@ impl ProgressMap {
             VnodeProgress::NotStarted => VnodeProgress::InProgress { pos, rows },
             VnodeProgress::InProgress { pos: old, rows: n } => {
                 if pos <= *old {
-                    return Err(Error::Internal(format!(
-                        "vnode {vnode}: position would move backwards"
-                    )));
+                    return Err(internal!("vnode {vnode}: position would move backwards"));
                 }
                 VnodeProgress::InProgress {
                     pos,
@@ -164,9 +162,7 @@ impl ProgressMap {
                 }
             }
             VnodeProgress::Completed { .. } => {
-                return Err(Error::Internal(format!(
-                    "vnode {vnode}: snapshot rows after completion"
-                )));
+                return Err(internal!("vnode {vnode}: snapshot rows after completion"));
             }
         };
         Ok(())

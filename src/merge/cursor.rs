@@ -471,6 +471,7 @@ const PREFETCH_AHEAD: usize = 8;
 /// replay waits for. An input wins again only after the others had their turns, so a line
 /// requested when it advances has arrived by then (`merge/256x1M/kway`: +17%).
 #[inline]
+#[allow(unsafe_code, reason = "a prefetch hint; see SAFETY")]
 fn prefetch<T>(address: *const T) {
     #[cfg(target_arch = "x86_64")]
     {

@@ -24,6 +24,7 @@ mod changelog;
 mod dataset;
 mod extsort;
 mod files;
+#[cfg(feature = "cli")]
 mod generate;
 mod manifest;
 #[cfg(test)]
@@ -35,6 +36,7 @@ mod verify;
 
 pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
 pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
+#[cfg(feature = "cli")]
 pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
 pub use validate::{validate, validate_with};

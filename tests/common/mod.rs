@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrangement_backfill::backfill::core::BackfillStats;
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
-use arrangement_backfill::backfill::progress::{ProgressCodec, ProgressMap, VnodeProgress};
+use arrangement_backfill::backfill::BackfillStats;
+use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use arrangement_backfill::backfill::{ProgressCodec, ProgressMap, VnodeProgress};
 use arrangement_backfill::chunk::{
     Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk,
 };
