@@ -35,9 +35,10 @@ use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backfill::core::{Action, ArrangementTracker, BackfillCore, BackfillStats, Tracker};
+use crate::backfill::core::{Action, BackfillCore, BackfillStats};
 use crate::backfill::progress::ProgressCodec;
 use crate::backfill::stream::BackfillStream;
+use crate::backfill::tracker::{ArrangementTracker, Tracker};
 use crate::chunk::Message;
 use crate::error::{Error, Result, internal};
 use crate::merge::{KWayMerge, RoundRobin, SnapshotMerger};

@@ -17,6 +17,7 @@
 //! - `core.rs` ([`BackfillCore`]): the algorithm as a state machine with named policies; no I/O, tested directly.
 //! - `executor.rs` ([`BackfillExecutor`]): drives the core from a `futures::Stream` of messages and a store.
 //! - `stream.rs` ([`BackfillStream`], [`ChangelogStream`]): the named output streams.
+//! - `tracker.rs` ([`Tracker`], [`ArrangementTracker`]): how progress is tracked, per vnode.
 //! - `no_shuffle.rs` ([`NoShuffleTracker`]): the baseline with one global position, as a
 //!   second [`Tracker`].
 //! - `reference.rs` (feature `testing`): the same algorithm over `Vec` rows and `BTreeMap`s,
@@ -34,10 +35,12 @@ pub(crate) mod progress;
 #[cfg(any(test, feature = "testing"))]
 pub mod reference;
 pub(crate) mod stream;
+pub(crate) mod tracker;
 
-pub use self::core::{Action, ArrangementTracker, BackfillCore, BackfillStats, Phase, Tracker};
+pub use self::core::{Action, BackfillCore, BackfillStats, Phase};
 pub use executor::{BackfillConfig, BackfillExecutor, MAX_BATCH_SIZE, SnapshotOrder};
 pub use filter::UpstreamFilter;
 pub use no_shuffle::NoShuffleTracker;
 pub use progress::{ProgressCodec, ProgressMap, VnodeCounts, VnodeProgress};
 pub use stream::{BackfillStream, BarrierHook, ChangelogStream};
+pub use tracker::{ArrangementTracker, Tracker};

@@ -12,10 +12,10 @@
 
 use std::sync::Arc;
 
-use crate::backfill::core::Tracker;
 use crate::backfill::executor::{BackfillConfig, BackfillExecutor};
 use crate::backfill::filter::UpstreamFilter;
 use crate::backfill::progress::{ProgressCodec, VnodeCounts, VnodeProgress};
+use crate::backfill::tracker::Tracker;
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
