@@ -39,5 +39,4 @@ pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
 #[cfg(feature = "cli")]
 pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
-pub use validate::{validate, validate_with};
 pub use verify::{VerifyReport, verify, verify_with};
