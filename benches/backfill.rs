@@ -157,7 +157,7 @@ fn backfill_snapshot(c: &mut Criterion) {
         group.measurement_time(Duration::from_secs(if rows > 1_000_000 { 20 } else { 5 }));
         for (name, kind) in [
             ("merged", Kind::Arrangement(SnapshotOrder::Merged)),
-            ("unordered", Kind::Arrangement(SnapshotOrder::Unordered)),
+            ("unordered", Kind::Arrangement(SnapshotOrder::PerVnode)),
             ("no_shuffle", Kind::NoShuffle),
         ] {
             group.bench_function(name, |b| {

@@ -107,7 +107,7 @@ fn run() -> Result<usize, BoxError> {
         ..BackfillConfig::default()
     };
     let backfill = BackfillExecutor::arrangement(&store, "users", vnodes, config)?;
-    let progress = backfill.progress();
+    let progress = backfill.stats();
     let committer = store.clone();
     let changelog = backfill
         .execute(rx)

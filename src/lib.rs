@@ -74,7 +74,7 @@
 //! // 3. A backfill job fed by the upstream's change stream (here, a channel).
 //! let (mut tx, rx) = futures::channel::mpsc::channel::<arrangement_backfill::Result<Message>>(16);
 //! let mut job = BackfillJob::start(&store, "users", all_vnodes, BackfillConfig::default(), rx)?;
-//! let progress = job.progress();
+//! let progress = job.stats();
 //!
 //! // 4. The upstream keeps changing while the backfill runs: epoch 2 updates a row and adds one.
 //! let mut send = |m| tx.try_send(Ok(m)).expect("channel has room");

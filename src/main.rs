@@ -296,7 +296,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         batch_size: args.batch_size,
         order: match args.order {
             OrderArg::Merged => SnapshotOrder::Merged,
-            OrderArg::Vnode => SnapshotOrder::Unordered,
+            OrderArg::Vnode => SnapshotOrder::PerVnode,
         },
         checkpoint_every: args.checkpoint_every,
         barrier_interval: args.barrier_interval_ms.map(Duration::from_millis),

@@ -113,7 +113,7 @@ impl Run {
             ..BackfillConfig::default()
         };
         let exec = BackfillExecutor::arrangement(&store, "t", owned, config).unwrap();
-        let stats = exec.progress();
+        let stats = exec.stats();
         let out: Output = Box::pin(exec.execute(rx));
         let mut run = Self {
             case,

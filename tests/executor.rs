@@ -83,7 +83,7 @@ fn spawn(
         config,
     )
     .unwrap();
-    let stats = exec.progress();
+    let stats = exec.stats();
     let rows = Arc::new(Mutex::new(0u64));
     let counter = rows.clone();
     let store = store.clone();

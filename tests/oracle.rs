@@ -22,7 +22,7 @@ fn matrix(kind: Kind, seeds: u64) -> usize {
                         p.order = if seed % 2 == 0 {
                             SnapshotOrder::Merged
                         } else {
-                            SnapshotOrder::Unordered
+                            SnapshotOrder::PerVnode
                         };
                         p.initial_rows = match seed % 4 {
                             0 => 0, // an empty upstream table

@@ -189,7 +189,7 @@ fn random_options(rng: &mut StdRng, out: &Path) -> ReplayOptions {
     o.order = if rng.random_bool(0.5) {
         SnapshotOrder::Merged
     } else {
-        SnapshotOrder::Unordered
+        SnapshotOrder::PerVnode
     };
     o.checkpoint_every = rng.random_range(1..4);
     o.barrier_interval = rng.random_bool(0.3).then(|| Duration::from_millis(1));

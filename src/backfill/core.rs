@@ -31,7 +31,7 @@
 //! How progress is tracked is a [`Tracker`] (`tracker.rs`): per vnode for the arrangement
 //! backfill ([`ArrangementTracker`]), one global position for the no-shuffle baseline.
 
-use crate::backfill::progress::VnodeCounts;
+use crate::backfill::progress::VnodeStateCounts;
 use crate::backfill::tracker::Tracker;
 use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
 use crate::error::{Error, Result, internal};
@@ -98,7 +98,7 @@ pub struct BackfillStats {
     /// Upstream rows dropped by the filter (the snapshot will carry them).
     pub upstream_rows_dropped: u64,
     /// Owned vnodes per state.
-    pub vnodes: VnodeCounts,
+    pub vnodes: VnodeStateCounts,
     /// The backfill has finished.
     pub finished: bool,
 }

@@ -52,8 +52,9 @@ pub enum SnapshotOrder {
     /// One key-ordered stream over all vnodes (k-way merge).
     #[default]
     Merged,
-    /// Whole per-vnode batches, round robin; cheaper, no global order.
-    Unordered,
+    /// Whole per-vnode batches, round robin; cheaper, no global order (the command line's
+    /// `--order vnode`).
+    PerVnode,
 }
 
 /// The largest snapshot batch, in rows (2^24, about 16.8 million): a batch is allocated
@@ -160,7 +161,7 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
     }
 
     /// A live view of the backfill's counters.
-    pub fn progress(&self) -> watch::Receiver<BackfillStats> {
+    pub fn stats(&self) -> watch::Receiver<BackfillStats> {
         self.stats_tx.subscribe()
     }
 

@@ -41,6 +41,6 @@ pub use self::core::{Action, BackfillCore, BackfillStats, Phase};
 pub use executor::{BackfillConfig, BackfillExecutor, MAX_BATCH_SIZE, SnapshotOrder};
 pub use filter::UpstreamFilter;
 pub use no_shuffle::NoShuffleTracker;
-pub use progress::{ProgressCodec, ProgressMap, VnodeCounts, VnodeProgress};
+pub use progress::{ProgressCodec, ProgressMap, VnodeProgress, VnodeStateCounts};
 pub use stream::{BackfillStream, BarrierHook, ChangelogStream};
 pub use tracker::{ArrangementTracker, Tracker};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::backfill::executor::{BackfillConfig, BackfillExecutor};
 use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, VnodeCounts, VnodeProgress};
+use crate::backfill::progress::{ProgressCodec, VnodeProgress, VnodeStateCounts};
 use crate::backfill::tracker::Tracker;
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -144,20 +144,20 @@ impl Tracker for NoShuffleTracker {
         self.codec.encode(self.owned.iter().map(|v| (v, &state)))
     }
 
-    fn counts(&self) -> VnodeCounts {
+    fn counts(&self) -> VnodeStateCounts {
         let n = self.owned.len();
         match self.state() {
-            VnodeProgress::NotStarted => VnodeCounts {
+            VnodeProgress::NotStarted => VnodeStateCounts {
                 not_started: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
-            VnodeProgress::InProgress { .. } => VnodeCounts {
+            VnodeProgress::InProgress { .. } => VnodeStateCounts {
                 in_progress: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
-            VnodeProgress::Completed { .. } => VnodeCounts {
+            VnodeProgress::Completed { .. } => VnodeStateCounts {
                 completed: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
         }
     }

@@ -80,7 +80,7 @@ impl VnodeProgress {
 
 /// How many owned vnodes are in each state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VnodeCounts {
+pub struct VnodeStateCounts {
     /// Not started.
     pub not_started: usize,
     /// In progress.
@@ -183,8 +183,8 @@ impl ProgressMap {
     }
 
     /// Vnodes per state.
-    pub fn counts(&self) -> VnodeCounts {
-        let mut c = VnodeCounts::default();
+    pub fn counts(&self) -> VnodeStateCounts {
+        let mut c = VnodeStateCounts::default();
         for (_, p) in self.iter() {
             match p {
                 VnodeProgress::NotStarted => c.not_started += 1,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts};
+use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeStateCounts};
 use crate::chunk::StreamChunk;
 use crate::error::Result;
 use crate::key::Position;
@@ -30,7 +30,7 @@ pub trait Tracker: Send + 'static {
     /// The progress rows that changed since the last call, as upserts.
     fn take_changes(&mut self) -> Result<Option<StreamChunk>>;
     /// Owned vnodes per state.
-    fn counts(&self) -> VnodeCounts;
+    fn counts(&self) -> VnodeStateCounts;
     /// Snapshot rows emitted in all (including before a restart).
     fn snapshot_rows(&self) -> u64;
     /// True when snapshot rows must leave in global key order (the k-way merge).
@@ -114,7 +114,7 @@ impl Tracker for ArrangementTracker {
         Ok(chunk)
     }
 
-    fn counts(&self) -> VnodeCounts {
+    fn counts(&self) -> VnodeStateCounts {
         self.progress.counts()
     }
 

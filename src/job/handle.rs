@@ -67,7 +67,7 @@ impl BackfillJob {
     {
         let mut upstream = store.table(table, vnodes.clone())?;
         let backfill = BackfillExecutor::arrangement(store, table, vnodes, config)?;
-        let progress = backfill.progress();
+        let progress = backfill.stats();
         let mut sealed = store.committed_epoch()?;
         let materialized = source.map(move |message| {
             match &message {
@@ -109,7 +109,7 @@ impl BackfillJob {
     }
 
     /// A live view of the backfill's counters.
-    pub fn progress(&self) -> watch::Receiver<BackfillStats> {
+    pub fn stats(&self) -> watch::Receiver<BackfillStats> {
         self.progress.clone()
     }
 
@@ -221,7 +221,7 @@ mod tests {
                     if b.mutation == Some(Mutation::Stop) {
                         break;
                     }
-                    if job.progress().borrow().finished && finished_at.is_none() {
+                    if job.stats().borrow().finished && finished_at.is_none() {
                         finished_at = Some(epoch + 1);
                     }
                     epoch += 1;

@@ -536,7 +536,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             progress_table: None,
         };
         let executor = BackfillExecutor::arrangement(store, &name, all, config)?;
-        let stats = executor.progress();
+        let stats = executor.stats();
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
         let source = Source {

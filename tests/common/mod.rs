@@ -749,12 +749,12 @@ fn start(
     let (out, stats): (Output, _) = match p.kind {
         Kind::Arrangement => {
             let exec = BackfillExecutor::arrangement(store, "t", owned, config).unwrap();
-            let stats = exec.progress();
+            let stats = exec.stats();
             (Box::pin(exec.execute(rx)), stats)
         }
         Kind::NoShuffle => {
             let exec = BackfillExecutor::no_shuffle(store, "t", owned, config).unwrap();
-            let stats = exec.progress();
+            let stats = exec.stats();
             (Box::pin(exec.execute(rx)), stats)
         }
     };
