@@ -474,11 +474,6 @@ pub enum Message {
     Watermark(Watermark),
 }
 
-/// Builds a boolean mask from a closure, a convenience for tests and small kernels.
-pub fn mask_from_fn(len: usize, f: impl FnMut(usize) -> bool) -> BooleanArray {
-    BooleanArray::new(arrow_buffer::BooleanBuffer::collect_bool(len, f), None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,7 +529,7 @@ mod tests {
         let chunk =
             StreamChunk::from_text(&schema(), "U- 1 a\nU+ 1 b\nU- 2 c\nU+ 2 d\nU- 3 e\nU+ 3 f")
                 .unwrap();
-        let keep = mask_from_fn(6, |i| i != 1 && i != 2);
+        let keep: BooleanArray = (0..6).map(|i| Some(i != 1 && i != 2)).collect();
         let out = chunk.filter(&keep).unwrap();
         assert_eq!(out.to_text().unwrap(), "- 1 a\n+ 2 d\nU- 3 e\nU+ 3 f\n");
     }

@@ -11,8 +11,6 @@
 //! - [`Distribution::VnodeColumn`]: a `UInt16` column holds the vnode itself. Progress tables
 //!   use it so that progress rows live in the vnode they describe.
 
-use std::sync::Arc;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt16Type;
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -228,11 +226,6 @@ impl TableDesc {
             })
         }
     }
-
-    /// The table as a shared reference.
-    pub fn into_shared(self) -> Arc<Self> {
-        Arc::new(self)
-    }
 }
 
 /// The first column name that `schema` has twice, if any.
@@ -257,6 +250,8 @@ pub fn describe(schema: &Schema) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use arrow_array::{Int64Array, StringArray, UInt16Array};
     use arrow_schema::Field;

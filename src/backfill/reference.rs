@@ -702,13 +702,6 @@ pub fn batch_from_rows(schema: &SchemaRef, rows: &[Row]) -> Result<RecordBatch> 
     )?)
 }
 
-/// A chunk of `schema` holding `changes`.
-pub fn chunk_from_changes(schema: &SchemaRef, changes: &[(Op, Row)]) -> Result<StreamChunk> {
-    let rows: Vec<Row> = changes.iter().map(|(_, r)| r.clone()).collect();
-    let ops: Vec<Op> = changes.iter().map(|(op, _)| *op).collect();
-    StreamChunk::new(batch_from_rows(schema, &rows)?, ops)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
