@@ -50,7 +50,7 @@ impl<S: SnapshotScan> RoundRobin<S> {
         }
     }
 
-    /// Names the table in [`Error::OrderViolation`]s.
+    /// Names the table in [`Error::OrderViolation`](crate::Error::OrderViolation)s.
     pub fn with_table_name(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self

@@ -49,7 +49,8 @@ use crate::error::{Error, Result, internal};
 use crate::key::PrimaryKey;
 use crate::merge::{Entry, LoserTree};
 
-/// The default memory budget of [`super::validate`] and [`super::verify`]: 64 MiB.
+/// The default memory budget of [`Dataset::validate`](super::Dataset::validate) and
+/// [`super::verify`]: 64 MiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
 
 /// The most rows in one spilled or merged batch.

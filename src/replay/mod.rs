@@ -37,6 +37,8 @@ mod verify;
 pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
 pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
 #[cfg(feature = "cli")]
-pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
+pub use generate::{
+    GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
+};
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
 pub use verify::{VerifyReport, verify, verify_with};

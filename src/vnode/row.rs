@@ -25,7 +25,7 @@ use super::{
 // ---------------------------------------------------------------------------------------------
 
 /// The CRC-32 of one row's distribution-key values: the plain reference, one
-/// [`crc32fast::Hasher`] fed value by value. Bit-identical to [`hash_rows`], much slower.
+/// [`crc32fast::Hasher`] fed value by value. Bit-identical to [`hash_rows`](super::hash_rows), much slower.
 ///
 /// Errors: [`Error::UnsupportedType`] for a type outside the contract, [`Error::InvalidChunk`]
 /// if `row` is beyond a column.
@@ -46,7 +46,7 @@ pub fn hash_row(columns: &[ArrayRef], row: usize) -> Result<u32> {
     Ok(hasher.finalize())
 }
 
-/// The vnode of one row: the per-row reference of [`compute_vnodes`].
+/// The vnode of one row: the per-row reference of [`compute_vnodes`](super::compute_vnodes).
 pub fn vnode_of_row(columns: &[ArrayRef], row: usize, count: VnodeCount) -> Result<VirtualNode> {
     if columns.is_empty() {
         return Ok(VirtualNode::ZERO);
