@@ -229,7 +229,7 @@ impl TableDesc {
 }
 
 /// The first column name that `schema` has twice, if any.
-pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
+pub(crate) fn first_duplicate_name(schema: &Schema) -> Option<&str> {
     let fields = schema.fields();
     fields
         .iter()
@@ -239,7 +239,7 @@ pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
 }
 
 /// `name: Type, ...`, a short schema description for error messages.
-pub fn describe(schema: &Schema) -> String {
+pub(crate) fn describe(schema: &Schema) -> String {
     let fields: Vec<String> = schema
         .fields()
         .iter()
