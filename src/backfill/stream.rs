@@ -12,6 +12,11 @@
 //! and watermarks (after handing each barrier to an optional hook, where an embedder commits
 //! its checkpoints), and never yields an empty batch. Both know their schema before the first
 //! item, as DataFusion's `RecordBatchStream` does.
+//!
+//! # Cancel safety
+//! `StreamExt::next` on either stream is cancel safe: the work in progress lives in the
+//! stream, not in the `next` future, so dropping that future (a `select!` taking another
+//! branch) loses no message.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -42,6 +42,10 @@ use crate::vnode::VnodeBitmap;
 ///
 /// It is a [`Stream`] of the backfill's output [`Message`]s; [`BackfillJob::into_changelog`]
 /// turns it into changelog batches (and from there into an Arrow C stream).
+///
+/// # Cancel safety
+/// `StreamExt::next` is cancel safe: a dropped `next` future loses no message, and a
+/// checkpoint is committed only as its barrier is handed out.
 pub struct BackfillJob {
     output: BackfillStream,
     progress: watch::Receiver<BackfillStats>,
