@@ -581,9 +581,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             .map_err(|e| internal!("the source task failed: {e}"))??;
         drop(source_guard);
         if !stats.borrow().finished {
-            return Err(Error::Internal(
-                "the job stopped before the backfill finished".into(),
-            ));
+            return Err(internal!("the job stopped before the backfill finished"));
         }
         summary.upstream_changes = total_applied - applied;
         summary.output_rows = sink.rows_published();
