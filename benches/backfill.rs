@@ -26,12 +26,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
-use arrangement_backfill::backfill::filter::UpstreamFilter;
-use arrangement_backfill::backfill::progress::ProgressMap;
+use arrangement_backfill::backfill::ProgressMap;
+use arrangement_backfill::backfill::UpstreamFilter;
 use arrangement_backfill::backfill::reference::{
     ReferenceBackfill, ReferenceProgress, rows_from_batch,
 };
+use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
 use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
 use arrangement_backfill::key::{KeyColumn, Position};
 use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
@@ -157,7 +157,7 @@ fn backfill_snapshot(c: &mut Criterion) {
         group.measurement_time(Duration::from_secs(if rows > 1_000_000 { 20 } else { 5 }));
         for (name, kind) in [
             ("merged", Kind::Arrangement(SnapshotOrder::Merged)),
-            ("unordered", Kind::Arrangement(SnapshotOrder::Unordered)),
+            ("unordered", Kind::Arrangement(SnapshotOrder::PerVnode)),
             ("no_shuffle", Kind::NoShuffle),
         ] {
             group.bench_function(name, |b| {

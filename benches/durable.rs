@@ -37,7 +37,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrangement_backfill::backfill::progress::{ProgressCodec, ProgressMap};
+use arrangement_backfill::backfill::{ProgressCodec, ProgressMap};
 use arrangement_backfill::chunk::{Op, StreamChunk};
 use arrangement_backfill::key::{KeyColumn, Position};
 use arrangement_backfill::store::io::RealIo;

@@ -24,7 +24,7 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 
 /// Name of the op column in changelog files.
 pub const OP_COLUMN: &str = "_op";
@@ -182,11 +182,11 @@ impl StreamChunk {
     /// kept alone an [`Op::Insert`]. The result is compact (no hidden rows).
     pub fn filter(&self, keep: &BooleanArray) -> Result<Self> {
         if keep.len() != self.num_rows() {
-            return Err(Error::Internal(format!(
+            return Err(internal!(
                 "filter mask of {} rows for a chunk of {} rows",
                 keep.len(),
                 self.num_rows()
-            )));
+            ));
         }
         // NULL counts as "drop".
         let keep = match keep.nulls() {
@@ -474,11 +474,6 @@ pub enum Message {
     Watermark(Watermark),
 }
 
-/// Builds a boolean mask from a closure, a convenience for tests and small kernels.
-pub fn mask_from_fn(len: usize, f: impl FnMut(usize) -> bool) -> BooleanArray {
-    BooleanArray::new(arrow_buffer::BooleanBuffer::collect_bool(len, f), None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,7 +529,7 @@ mod tests {
         let chunk =
             StreamChunk::from_text(&schema(), "U- 1 a\nU+ 1 b\nU- 2 c\nU+ 2 d\nU- 3 e\nU+ 3 f")
                 .unwrap();
-        let keep = mask_from_fn(6, |i| i != 1 && i != 2);
+        let keep: BooleanArray = (0..6).map(|i| Some(i != 1 && i != 2)).collect();
         let out = chunk.filter(&keep).unwrap();
         assert_eq!(out.to_text().unwrap(), "- 1 a\n+ 2 d\nU- 3 e\nU+ 3 f\n");
     }

@@ -126,7 +126,12 @@ pub enum Error {
     /// A dataset (DESIGN section 9) or a replay's output that is malformed or inconsistent:
     /// a missing or malformed manifest, an unreadable Parquet file, a NULL or duplicate key, an
     /// unknown op, a decreasing epoch, a lone update half, a delete of an absent row, ...
-    #[error("{}: {}{message}", .path.display(), location_prefix(.location))]
+    #[error(
+        "{}: {}{message}{}",
+        .path.display(),
+        location_prefix(.location),
+        source_suffix(.source.as_deref())
+    )]
     Dataset {
         /// The file at fault (or the dataset directory).
         path: std::path::PathBuf,
@@ -135,6 +140,10 @@ pub enum Error {
         location: String,
         /// What is wrong.
         message: String,
+        /// The error underneath, when there is one (a Parquet decoding error, for example);
+        /// also printed after the message.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A directory is locked by another process (or another store in this one).
     #[error("{}: in use by {holder}; wait for it to finish or stop it first", .path.display())]
@@ -185,6 +194,31 @@ pub enum Error {
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// `": {source}"`, or nothing without a source.
+fn source_suffix(source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+    source.map(|e| format!(": {e}")).unwrap_or_default()
+}
+
+/// An [`Error::Internal`] with a `format!` message: `internal!("vnode {vnode} vanished")`.
+macro_rules! internal {
+    ($($arg:tt)*) => {
+        $crate::error::Error::Internal(format!($($arg)*))
+    };
+}
+pub(crate) use internal;
+
+/// The engine's errors flow through Arrow interfaces (a `RecordBatchReader`, the C stream):
+/// an Arrow error comes back as itself, anything else as an external error keeping its
+/// source chain.
+impl From<Error> for ArrowError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Arrow(e) => e,
+            other => ArrowError::ExternalError(Box::new(other)),
+        }
+    }
 }
 
 /// `"{location}: "`, or nothing for an empty location.
@@ -255,6 +289,23 @@ impl Error {
             path: path.into(),
             location: location.into(),
             message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Dataset`] error caused by `source` (kept as the error's source, and
+    /// printed after `message`).
+    pub fn dataset_caused_by(
+        path: impl Into<std::path::PathBuf>,
+        location: impl Into<String>,
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Dataset {
+            path: path.into(),
+            location: location.into(),
+            message: message.into(),
+            source: Some(source.into()),
         }
     }
 }
@@ -278,6 +329,37 @@ mod tests {
         assert_eq!(e.to_string(), "/d/dataset.json: missing");
         assert!(e.is_bad_input());
         assert!(!Error::Internal("x".into()).is_bad_input());
+    }
+
+    #[test]
+    fn dataset_errors_keep_their_parquet_source() {
+        let source = ParquetError::General("bad footer".into());
+        let e = Error::dataset_caused_by("/d/x.parquet", "", "unreadable Parquet file", source);
+        assert_eq!(
+            e.to_string(),
+            "/d/x.parquet: unreadable Parquet file: Parquet error: bad footer"
+        );
+        let inner = std::error::Error::source(&e).expect("a source");
+        assert!(inner.downcast_ref::<ParquetError>().is_some());
+        assert!(e.is_bad_input());
+    }
+
+    #[test]
+    fn errors_become_arrow_errors() {
+        let arrow = ArrowError::ComputeError("x".into());
+        assert!(matches!(
+            ArrowError::from(Error::Arrow(arrow)),
+            ArrowError::ComputeError(_)
+        ));
+        let e = ArrowError::from(Error::Protocol("no barrier".into()));
+        let ArrowError::ExternalError(inner) = e else {
+            panic!("expected an external error");
+        };
+        assert!(matches!(
+            inner.downcast_ref::<Error>(),
+            Some(Error::Protocol(_))
+        ));
+        assert_eq!(internal!("v{}", 1).to_string(), "internal error: v1");
     }
 
     #[test]

@@ -347,7 +347,7 @@ pub fn canonical_floats(array: &ArrayRef) -> ArrayRef {
 }
 
 /// [`canonical_floats`] of every column.
-pub fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+pub(crate) fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
     columns.iter().map(canonical_floats).collect()
 }
 
@@ -355,7 +355,7 @@ pub fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
 ///
 /// A cheap runtime check on every snapshot batch: storage order and comparator order must
 /// agree, or the backfill would silently skip or duplicate rows.
-pub fn first_unordered(keys: &BinaryArray) -> Option<usize> {
+pub(crate) fn first_unordered(keys: &BinaryArray) -> Option<usize> {
     (1..keys.len()).find(|&i| keys.value(i - 1) >= keys.value(i))
 }
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use arrangement_backfill::Result;
-use arrangement_backfill::backfill::executor::{MAX_BATCH_SIZE, SnapshotOrder};
+use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::job::replay::{
     Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, STATE_DIR, StateChoice,
     default_out_dir, run_replay_until,
@@ -296,7 +296,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         batch_size: args.batch_size,
         order: match args.order {
             OrderArg::Merged => SnapshotOrder::Merged,
-            OrderArg::Vnode => SnapshotOrder::Unordered,
+            OrderArg::Vnode => SnapshotOrder::PerVnode,
         },
         checkpoint_every: args.checkpoint_every,
         barrier_interval: args.barrier_interval_ms.map(Duration::from_millis),

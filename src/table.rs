@@ -11,8 +11,6 @@
 //! - [`Distribution::VnodeColumn`]: a `UInt16` column holds the vnode itself. Progress tables
 //!   use it so that progress rows live in the vnode they describe.
 
-use std::sync::Arc;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt16Type;
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -228,15 +226,10 @@ impl TableDesc {
             })
         }
     }
-
-    /// The table as a shared reference.
-    pub fn into_shared(self) -> Arc<Self> {
-        Arc::new(self)
-    }
 }
 
 /// The first column name that `schema` has twice, if any.
-pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
+pub(crate) fn first_duplicate_name(schema: &Schema) -> Option<&str> {
     let fields = schema.fields();
     fields
         .iter()
@@ -246,7 +239,7 @@ pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
 }
 
 /// `name: Type, ...`, a short schema description for error messages.
-pub fn describe(schema: &Schema) -> String {
+pub(crate) fn describe(schema: &Schema) -> String {
     let fields: Vec<String> = schema
         .fields()
         .iter()
@@ -257,6 +250,8 @@ pub fn describe(schema: &Schema) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use arrow_array::{Int64Array, StringArray, UInt16Array};
     use arrow_schema::Field;

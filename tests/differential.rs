@@ -28,12 +28,12 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrangement_backfill::backfill::core::BackfillStats;
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
-use arrangement_backfill::backfill::progress::{ProgressCodec, VnodeProgress};
+use arrangement_backfill::backfill::BackfillStats;
 use arrangement_backfill::backfill::reference::{
     ReferenceBackfill, ReferenceProgress, Row, changes_from_chunk, rows_from_batch,
 };
+use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use arrangement_backfill::backfill::{ProgressCodec, VnodeProgress};
 use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
 use arrangement_backfill::store::{MemoryStore, MemoryTable, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
@@ -113,7 +113,7 @@ impl Run {
             ..BackfillConfig::default()
         };
         let exec = BackfillExecutor::arrangement(&store, "t", owned, config).unwrap();
-        let stats = exec.progress();
+        let stats = exec.stats();
         let out: Output = Box::pin(exec.execute(rx));
         let mut run = Self {
             case,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor};
+use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor};
 use arrangement_backfill::chunk::{
     Barrier, BarrierKind, EpochPair, Message, Mutation, StreamChunk,
 };
@@ -73,7 +73,7 @@ fn spawn(
 ) -> (
     Sender,
     Arc<Mutex<u64>>,
-    tokio::sync::watch::Receiver<arrangement_backfill::backfill::core::BackfillStats>,
+    tokio::sync::watch::Receiver<arrangement_backfill::backfill::BackfillStats>,
 ) {
     let (tx, rx) = mpsc::unbounded();
     let exec = BackfillExecutor::arrangement(
@@ -83,7 +83,7 @@ fn spawn(
         config,
     )
     .unwrap();
-    let stats = exec.progress();
+    let stats = exec.stats();
     let rows = Arc::new(Mutex::new(0u64));
     let counter = rows.clone();
     let store = store.clone();

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use arrangement_backfill::backfill::core::{Action, ArrangementTracker, BackfillCore, Phase};
-use arrangement_backfill::backfill::progress::{ProgressCodec, ProgressMap, VnodeProgress};
+use arrangement_backfill::backfill::{Action, ArrangementTracker, BackfillCore, Phase};
+use arrangement_backfill::backfill::{ProgressCodec, ProgressMap, VnodeProgress};
 use arrangement_backfill::chunk::{
     Barrier, BarrierKind, EpochPair, Mutation, Op, StreamChunk, changelog_schema,
 };

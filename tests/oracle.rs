@@ -4,7 +4,7 @@
 
 mod common;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::backfill::SnapshotOrder;
 use common::{Harness, Kind, Params, Shape};
 
 /// Runs `seeds` cases for every combination of the matrix.
@@ -22,7 +22,7 @@ fn matrix(kind: Kind, seeds: u64) -> usize {
                         p.order = if seed % 2 == 0 {
                             SnapshotOrder::Merged
                         } else {
-                            SnapshotOrder::Unordered
+                            SnapshotOrder::PerVnode
                         };
                         p.initial_rows = match seed % 4 {
                             0 => 0, // an empty upstream table

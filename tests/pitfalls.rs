@@ -4,8 +4,8 @@
 
 mod common;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
-use arrangement_backfill::backfill::progress::VnodeProgress;
+use arrangement_backfill::backfill::SnapshotOrder;
+use arrangement_backfill::backfill::VnodeProgress;
 use arrangement_backfill::chunk::{Mutation, StreamChunk};
 use arrangement_backfill::store::{MemoryStore, StateStore, StateTable};
 use arrangement_backfill::vnode::{self, VnodeBitmap};
@@ -74,7 +74,7 @@ fn completed_vnodes_are_not_read_again_after_a_restart() {
     let mut p = int_params(21);
     p.vnodes = 4;
     p.batch_size = 1024;
-    p.order = SnapshotOrder::Unordered;
+    p.order = SnapshotOrder::PerVnode;
     p.initial_rows = 100;
     let mut h = Harness::new(p);
     // One unordered read completes one whole vnode.
@@ -148,7 +148,7 @@ fn updates_to_completed_vnodes_flow_while_no_vnode_is_in_progress() {
     let mut p = int_params(9);
     p.vnodes = 4;
     p.batch_size = 1024;
-    p.order = SnapshotOrder::Unordered;
+    p.order = SnapshotOrder::PerVnode;
     p.initial_rows = 80;
     let mut h = Harness::new(p);
     h.poll();

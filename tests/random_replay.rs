@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::backfill::SnapshotOrder;
 use arrangement_backfill::job::replay::{ReplayOptions, StateChoice, run_replay};
 use arrangement_backfill::replay::{Dataset, verify};
 use arrangement_backfill::vnode::VnodeCount;
@@ -189,7 +189,7 @@ fn random_options(rng: &mut StdRng, out: &Path) -> ReplayOptions {
     o.order = if rng.random_bool(0.5) {
         SnapshotOrder::Merged
     } else {
-        SnapshotOrder::Unordered
+        SnapshotOrder::PerVnode
     };
     o.checkpoint_every = rng.random_range(1..4);
     o.barrier_interval = rng.random_bool(0.3).then(|| Duration::from_millis(1));

@@ -28,129 +28,16 @@
 //!   epoch emits that epoch's buffered changes of the vnode unfiltered (the filter's
 //!   Completed rule), and the vnode is never read again.
 //!
-//! How progress is tracked is a [`Tracker`]: per vnode for the arrangement backfill
-//! ([`ArrangementTracker`]), one global position for the no-shuffle baseline.
+//! How progress is tracked is a [`Tracker`] (`tracker.rs`): per vnode for the arrangement
+//! backfill ([`ArrangementTracker`]), one global position for the no-shuffle baseline.
 
-use std::sync::Arc;
-
-use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeCounts};
+use crate::backfill::progress::VnodeStateCounts;
+use crate::backfill::tracker::Tracker;
 use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::merge::MergeOutput;
-use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
-
-/// How a backfill tracks and persists its progress.
-pub trait Tracker: Send + 'static {
-    /// The upstream table whose snapshot is tracked.
-    fn table(&self) -> &Arc<TableDesc>;
-    /// The vnodes to scan this epoch and the position to scan each after.
-    fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)>;
-    /// Snapshot rows were emitted: advance positions, complete exhausted vnodes.
-    fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()>;
-    /// Every vnode of this epoch's scan plan is exhausted.
-    fn on_snapshot_end(&mut self) -> Result<()>;
-    /// The filter for buffered upstream chunks, prepared with the current positions.
-    fn upstream_filter(&self) -> Result<UpstreamFilter>;
-    /// True when the whole snapshot was emitted.
-    fn is_finished(&self) -> bool;
-    /// The progress rows that changed since the last call, as upserts.
-    fn take_changes(&mut self) -> Result<Option<StreamChunk>>;
-    /// Owned vnodes per state.
-    fn counts(&self) -> VnodeCounts;
-    /// Snapshot rows emitted in all (including before a restart).
-    fn snapshot_rows(&self) -> u64;
-    /// True when snapshot rows must leave in global key order (the k-way merge).
-    fn needs_global_order(&self) -> bool {
-        false
-    }
-}
-
-/// Per-vnode progress: the arrangement backfill.
-#[derive(Debug, Clone)]
-pub struct ArrangementTracker {
-    desc: Arc<TableDesc>,
-    progress: ProgressMap,
-    codec: ProgressCodec,
-}
-
-impl ArrangementTracker {
-    /// Tracks `progress` (restored or new) of the upstream table `desc`.
-    pub fn new(desc: Arc<TableDesc>, progress: ProgressMap, codec: ProgressCodec) -> Self {
-        Self {
-            desc,
-            progress,
-            codec,
-        }
-    }
-
-    /// The per-vnode progress.
-    pub fn progress(&self) -> &ProgressMap {
-        &self.progress
-    }
-}
-
-impl Tracker for ArrangementTracker {
-    fn table(&self) -> &Arc<TableDesc> {
-        &self.desc
-    }
-
-    fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)> {
-        self.progress
-            .iter()
-            .filter(|(_, p)| !p.is_completed())
-            .map(|(v, p)| (v, p.position().cloned()))
-            .collect()
-    }
-
-    fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()> {
-        for advance in &out.progress {
-            self.progress
-                .advance(advance.vnode, advance.last.clone(), advance.rows as u64)?;
-        }
-        for vnode in &out.exhausted {
-            self.progress.complete(*vnode)?;
-        }
-        Ok(())
-    }
-
-    fn on_snapshot_end(&mut self) -> Result<()> {
-        let open: Vec<VirtualNode> = self
-            .progress
-            .iter()
-            .filter(|(_, p)| !p.is_completed())
-            .map(|(v, _)| v)
-            .collect();
-        for vnode in open {
-            self.progress.complete(vnode)?;
-        }
-        Ok(())
-    }
-
-    fn upstream_filter(&self) -> Result<UpstreamFilter> {
-        UpstreamFilter::for_progress(self.desc.clone(), &self.progress)
-    }
-
-    fn is_finished(&self) -> bool {
-        self.progress.is_finished()
-    }
-
-    fn take_changes(&mut self) -> Result<Option<StreamChunk>> {
-        let chunk = self.codec.encode(self.progress.changed())?;
-        self.progress.mark_persisted();
-        Ok(chunk)
-    }
-
-    fn counts(&self) -> VnodeCounts {
-        self.progress.counts()
-    }
-
-    fn snapshot_rows(&self) -> u64 {
-        self.progress.total_rows()
-    }
-}
 
 /// What the executor must do, in the order given.
 #[derive(Debug, Clone)]
@@ -211,7 +98,7 @@ pub struct BackfillStats {
     /// Upstream rows dropped by the filter (the snapshot will carry them).
     pub upstream_rows_dropped: u64,
     /// Owned vnodes per state.
-    pub vnodes: VnodeCounts,
+    pub vnodes: VnodeStateCounts,
     /// The backfill has finished.
     pub finished: bool,
 }
@@ -328,10 +215,11 @@ impl<T: Tracker> BackfillCore<T> {
     /// A batch of snapshot rows in key order (merged or per vnode): emitted as inserts.
     pub fn on_snapshot_output(&mut self, out: MergeOutput) -> Result<Vec<Action>> {
         if self.phase != Phase::Backfilling || self.snapshot_exhausted {
-            return Err(Error::Internal(format!(
+            return Err(internal!(
                 "snapshot output in phase {:?} (exhausted: {})",
-                self.phase, self.snapshot_exhausted
-            )));
+                self.phase,
+                self.snapshot_exhausted
+            ));
         }
         self.snapshot_reads_this_epoch += 1;
         self.tracker.on_snapshot(&out)?;
@@ -347,10 +235,7 @@ impl<T: Tracker> BackfillCore<T> {
     /// The snapshot scans of this epoch are all exhausted.
     pub fn on_snapshot_end(&mut self) -> Result<Vec<Action>> {
         if self.phase != Phase::Backfilling {
-            return Err(Error::Internal(format!(
-                "snapshot end in phase {:?}",
-                self.phase
-            )));
+            return Err(internal!("snapshot end in phase {:?}", self.phase));
         }
         self.snapshot_reads_this_epoch += 1;
         self.snapshot_exhausted = true;
@@ -371,7 +256,7 @@ impl<T: Tracker> BackfillCore<T> {
         }
         let current = self
             .epoch
-            .ok_or_else(|| Error::Internal("running without an epoch".into()))?;
+            .ok_or_else(|| internal!("running without an epoch"))?;
         if barrier.epoch.prev != current.curr || barrier.epoch.curr <= barrier.epoch.prev {
             return Err(Error::EpochOrder {
                 context: format!(
@@ -487,11 +372,16 @@ impl<T: Tracker> BackfillCore<T> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::backfill::progress::{ProgressCodec, ProgressMap};
+    use crate::backfill::tracker::ArrangementTracker;
     use crate::chunk::BarrierKind;
     use crate::key::KeyColumn;
     use crate::merge::VnodeAdvance;
     use crate::store::KeyedBatch;
+    use crate::table::TableDesc;
     use crate::vnode::{VnodeBitmap, VnodeCount};
     use arrow_array::Int64Array;
     use arrow_schema::{DataType, Field, Schema, SchemaRef};

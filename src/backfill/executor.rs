@@ -35,10 +35,12 @@ use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backfill::core::{Action, ArrangementTracker, BackfillCore, BackfillStats, Tracker};
+use crate::backfill::core::{Action, BackfillCore, BackfillStats};
 use crate::backfill::progress::ProgressCodec;
+use crate::backfill::stream::BackfillStream;
+use crate::backfill::tracker::{ArrangementTracker, Tracker};
 use crate::chunk::Message;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::merge::{KWayMerge, RoundRobin, SnapshotMerger};
 use crate::store::{StateStore, StateTable};
 use crate::table::TableDesc;
@@ -50,8 +52,9 @@ pub enum SnapshotOrder {
     /// One key-ordered stream over all vnodes (k-way merge).
     #[default]
     Merged,
-    /// Whole per-vnode batches, round robin; cheaper, no global order.
-    Unordered,
+    /// Whole per-vnode batches, round robin; cheaper, no global order (the command line's
+    /// `--order vnode`).
+    PerVnode,
 }
 
 /// The largest snapshot batch, in rows (2^24, about 16.8 million): a batch is allocated
@@ -158,17 +161,18 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
     }
 
     /// A live view of the backfill's counters.
-    pub fn progress(&self) -> watch::Receiver<BackfillStats> {
+    pub fn stats(&self) -> watch::Receiver<BackfillStats> {
         self.stats_tx.subscribe()
     }
 
     /// Runs the backfill over an upstream message stream (which must start with a barrier).
     /// The output stream ends after a `Stop` barrier, when the upstream ends, or after the
     /// first error (which it yields).
-    pub fn execute<U>(self, upstream: U) -> impl Stream<Item = Result<Message>> + Send
+    pub fn execute<U>(self, upstream: U) -> BackfillStream
     where
         U: Stream<Item = Result<Message>> + Send + Unpin + 'static,
     {
+        let schema = self.desc.schema().clone();
         let driver = Driver {
             upstream,
             exec: self,
@@ -179,14 +183,15 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             prefer_snapshot: false,
             ended: false,
         };
-        futures::stream::unfold(Some(driver), |driver| async move {
+        let stream = futures::stream::unfold(Some(driver), |driver| async move {
             let mut driver = driver?;
             match driver.next_message().await {
                 Ok(Some(message)) => Some((Ok(message), Some(driver))),
                 Ok(None) => None,
                 Err(e) => Some((Err(e), None)),
             }
-        })
+        });
+        BackfillStream::new(schema, Box::pin(stream))
     }
 }
 
@@ -288,7 +293,7 @@ where
                 let core = self
                     .core
                     .as_mut()
-                    .ok_or_else(|| Error::Internal("core vanished".into()))?;
+                    .ok_or_else(|| internal!("core vanished"))?;
                 core.on_barrier(barrier)?
             }
         };
@@ -303,7 +308,7 @@ where
         };
         let restore = std::mem::replace(
             &mut self.exec.restore,
-            Box::new(|_, _, _| Err(Error::Internal("restored twice".into()))),
+            Box::new(|_, _, _| Err(internal!("restored twice"))),
         );
         let tracker = restore(
             &self.exec.progress_table,

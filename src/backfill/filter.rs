@@ -30,7 +30,7 @@ use arrow_schema::DataType;
 
 use crate::backfill::progress::{ProgressMap, VnodeProgress};
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
@@ -113,7 +113,7 @@ impl UpstreamFilter {
                     .decode(bounds.iter().map(Position::as_bytes))?
                     .into_iter()
                     .next()
-                    .ok_or_else(|| Error::Internal("decoded key has no column".into()))?;
+                    .ok_or_else(|| internal!("decoded key has no column"))?;
                 // NULL bounds order by null rules; leave those to the encoded path.
                 (values.null_count() == 0).then(|| NativeBounds {
                     column: *column,

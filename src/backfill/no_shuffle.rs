@@ -12,12 +12,12 @@
 
 use std::sync::Arc;
 
-use crate::backfill::core::Tracker;
 use crate::backfill::executor::{BackfillConfig, BackfillExecutor};
 use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, VnodeCounts, VnodeProgress};
+use crate::backfill::progress::{ProgressCodec, VnodeProgress, VnodeStateCounts};
+use crate::backfill::tracker::Tracker;
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::merge::MergeOutput;
 use crate::store::{StateStore, StateTable};
@@ -102,9 +102,7 @@ impl Tracker for NoShuffleTracker {
     fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()> {
         if let Some(last) = out.batch.last_position() {
             if self.pos.as_ref().is_some_and(|pos| last <= *pos) {
-                return Err(Error::Internal(
-                    "no-shuffle position would move backwards".into(),
-                ));
+                return Err(internal!("no-shuffle position would move backwards"));
             }
             self.pos = Some(last);
             self.rows += out.batch.num_rows() as u64;
@@ -144,20 +142,20 @@ impl Tracker for NoShuffleTracker {
         self.codec.encode(self.owned.iter().map(|v| (v, &state)))
     }
 
-    fn counts(&self) -> VnodeCounts {
+    fn counts(&self) -> VnodeStateCounts {
         let n = self.owned.len();
         match self.state() {
-            VnodeProgress::NotStarted => VnodeCounts {
+            VnodeProgress::NotStarted => VnodeStateCounts {
                 not_started: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
-            VnodeProgress::InProgress { .. } => VnodeCounts {
+            VnodeProgress::InProgress { .. } => VnodeStateCounts {
                 in_progress: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
-            VnodeProgress::Completed { .. } => VnodeCounts {
+            VnodeProgress::Completed { .. } => VnodeStateCounts {
                 completed: n,
-                ..VnodeCounts::default()
+                ..VnodeStateCounts::default()
             },
         }
     }

@@ -30,7 +30,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::{KeyColumn, Position, PrimaryKey};
 use crate::store::{SnapshotScan, StateTable};
 use crate::table::TableDesc;
@@ -80,7 +80,7 @@ impl VnodeProgress {
 
 /// How many owned vnodes are in each state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VnodeCounts {
+pub struct VnodeStateCounts {
     /// Not started.
     pub not_started: usize,
     /// In progress.
@@ -154,9 +154,7 @@ impl ProgressMap {
             VnodeProgress::NotStarted => VnodeProgress::InProgress { pos, rows },
             VnodeProgress::InProgress { pos: old, rows: n } => {
                 if pos <= *old {
-                    return Err(Error::Internal(format!(
-                        "vnode {vnode}: position would move backwards"
-                    )));
+                    return Err(internal!("vnode {vnode}: position would move backwards"));
                 }
                 VnodeProgress::InProgress {
                     pos,
@@ -164,9 +162,7 @@ impl ProgressMap {
                 }
             }
             VnodeProgress::Completed { .. } => {
-                return Err(Error::Internal(format!(
-                    "vnode {vnode}: snapshot rows after completion"
-                )));
+                return Err(internal!("vnode {vnode}: snapshot rows after completion"));
             }
         };
         Ok(())
@@ -187,8 +183,8 @@ impl ProgressMap {
     }
 
     /// Vnodes per state.
-    pub fn counts(&self) -> VnodeCounts {
-        let mut c = VnodeCounts::default();
+    pub fn counts(&self) -> VnodeStateCounts {
+        let mut c = VnodeStateCounts::default();
         for (_, p) in self.iter() {
             match p {
                 VnodeProgress::NotStarted => c.not_started += 1,

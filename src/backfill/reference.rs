@@ -1,7 +1,7 @@
 //! The row-at-a-time reference of the arrangement backfill.
 //!
-//! The same algorithm as [`BackfillCore`](crate::backfill::core::BackfillCore) with an
-//! [`ArrangementTracker`](crate::backfill::core::ArrangementTracker) and the k-way merge
+//! The same algorithm as [`BackfillCore`](crate::backfill::BackfillCore) with an
+//! [`ArrangementTracker`](crate::backfill::ArrangementTracker) and the k-way merge
 //! (DESIGN section 7), written as plainly as possible: rows are `Vec<Value>`, each vnode's
 //! replicated table is a `BTreeMap`, keys compare column by column with a comparator of its
 //! own (not arrow-row), the vnode of a row comes from the per-row
@@ -66,7 +66,7 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
 
 use crate::chunk::{Op, StreamChunk};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::table::{Distribution, TableDesc};
 use crate::vnode::{self, VirtualNode, VnodeBitmap};
 
@@ -384,11 +384,11 @@ impl ReferenceBackfill {
             let state = self
                 .vnodes
                 .get_mut(&vnode)
-                .ok_or_else(|| Error::Internal(format!("reference: vnode {vnode} vanished")))?;
+                .ok_or_else(|| internal!("reference: vnode {vnode} vanished"))?;
             let row = state
                 .rows
                 .get(&key)
-                .ok_or_else(|| Error::Internal("reference: a merge head vanished".into()))?
+                .ok_or_else(|| internal!("reference: a merge head vanished"))?
                 .clone();
             out.push(row);
             let next = state
@@ -702,13 +702,6 @@ pub fn batch_from_rows(schema: &SchemaRef, rows: &[Row]) -> Result<RecordBatch> 
     )?)
 }
 
-/// A chunk of `schema` holding `changes`.
-pub fn chunk_from_changes(schema: &SchemaRef, changes: &[(Op, Row)]) -> Result<StreamChunk> {
-    let rows: Vec<Row> = changes.iter().map(|(_, r)| r.clone()).collect();
-    let ops: Vec<Op> = changes.iter().map(|(op, _)| *op).collect();
-    StreamChunk::new(batch_from_rows(schema, &rows)?, ops)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -910,8 +903,8 @@ mod tests {
 
     #[test]
     fn per_row_filter_matches_the_vectorized_filter() {
-        use crate::backfill::filter::UpstreamFilter;
-        use crate::backfill::progress::ProgressMap;
+        use crate::backfill::ProgressMap;
+        use crate::backfill::UpstreamFilter;
         use crate::key::Position;
         let desc = int_desc(4);
         let owned = VnodeBitmap::full(desc.vnode_count());

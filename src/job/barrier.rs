@@ -32,13 +32,9 @@ impl BarrierInjector {
     }
 
     /// The epoch open now (the last barrier's `curr`).
+    #[cfg(test)]
     pub fn current_epoch(&self) -> u64 {
         self.curr
-    }
-
-    /// Barriers handed out so far.
-    pub fn injected(&self) -> u64 {
-        self.injected
     }
 
     /// The next barrier. The first is a normal barrier closing the committed epoch; later

@@ -42,10 +42,10 @@ use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::backfill::core::BackfillStats;
-use crate::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use crate::backfill::BackfillStats;
+use crate::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
 use crate::chunk::{Message, Mutation, StreamChunk};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
 use crate::replay::Dataset;
@@ -222,10 +222,10 @@ pub async fn run_replay_until(
     on_progress: impl FnMut(&ReplayProgress),
     interrupted: impl Future<Output = Interrupt>,
 ) -> Result<ReplaySummary> {
-    if !(1..=crate::backfill::executor::MAX_BATCH_SIZE).contains(&options.batch_size) {
+    if !(1..=crate::backfill::MAX_BATCH_SIZE).contains(&options.batch_size) {
         return Err(Error::InvalidConfig(format!(
             "batch size must be between 1 and {}",
-            crate::backfill::executor::MAX_BATCH_SIZE
+            crate::backfill::MAX_BATCH_SIZE
         )));
     }
     if options.upstream_rate == Some(0) || options.rate_limit == Some(0) {
@@ -516,7 +516,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 }
                 upstream.seal(SNAPSHOT_EPOCH)?;
                 let identity = serde_json::to_string(&self.identity)
-                    .map_err(|e| Error::Internal(format!("job record: {e}")))?;
+                    .map_err(|e| internal!("job record: {e}"))?;
                 store.stage_meta(META_JOB, &identity)?;
                 store.stage_meta(META_APPLIED, "0")?;
                 store.commit(SNAPSHOT_EPOCH)?;
@@ -536,7 +536,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             progress_table: None,
         };
         let executor = BackfillExecutor::arrangement(store, &name, all, config)?;
-        let stats = executor.progress();
+        let stats = executor.stats();
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
         let source = Source {
@@ -574,18 +574,14 @@ impl<'a, S: StateStore> Job<'a, S> {
             // store and its directory lock) before reporting.
             drop(source_guard);
             let _ = (&mut source_task).await;
-            return Err(result
-                .err()
-                .unwrap_or_else(|| Error::Internal("unreachable".into())));
+            return Err(result.err().unwrap_or_else(|| internal!("unreachable")));
         }
         let total_applied = source_task
             .await
-            .map_err(|e| Error::Internal(format!("the source task failed: {e}")))??;
+            .map_err(|e| internal!("the source task failed: {e}"))??;
         drop(source_guard);
         if !stats.borrow().finished {
-            return Err(Error::Internal(
-                "the job stopped before the backfill finished".into(),
-            ));
+            return Err(internal!("the job stopped before the backfill finished"));
         }
         summary.upstream_changes = total_applied - applied;
         summary.output_rows = sink.rows_published();
@@ -602,7 +598,7 @@ impl<'a, S: StateStore> Job<'a, S> {
     )]
     async fn drive(
         &self,
-        executor: BackfillExecutor<S, crate::backfill::core::ArrangementTracker>,
+        executor: BackfillExecutor<S, crate::backfill::ArrangementTracker>,
         rx: mpsc::Receiver<Result<Message>>,
         stats: &watch::Receiver<BackfillStats>,
         changes_rx: &watch::Receiver<u64>,
@@ -645,9 +641,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                         let rows = {
                             let mut map = applied_at
                                 .lock()
-                                .map_err(|_| Error::Internal("applied map poisoned".into()))?;
+                                .map_err(|_| internal!("applied map poisoned"))?;
                             let rows = map.get(&prev).copied().ok_or_else(|| {
-                                Error::Internal(format!("no changelog position for epoch {prev}"))
+                                internal!("no changelog position for epoch {prev}")
                             })?;
                             *map = map.split_off(&(prev + 1));
                             rows
@@ -710,7 +706,7 @@ impl<T: StateTable> Source<T> {
                 let message = e.to_string();
                 // The executor ends its output with this error; the job reports it.
                 let _ = self.tx.send(Err(e)).await;
-                Err(Error::Internal(format!("upstream source: {message}")))
+                Err(internal!("upstream source: {message}"))
             }
         }
     }
@@ -828,7 +824,7 @@ impl<T: StateTable> Source<T> {
         self.upstream.seal(barrier.epoch.prev)?;
         self.applied_at
             .lock()
-            .map_err(|_| Error::Internal("applied map poisoned".into()))?
+            .map_err(|_| internal!("applied map poisoned"))?
             .insert(barrier.epoch.prev, rows);
         self.send(Message::Barrier(barrier)).await
     }
@@ -837,7 +833,7 @@ impl<T: StateTable> Source<T> {
         self.tx
             .send(Ok(message))
             .await
-            .map_err(|_| Error::Internal("the backfill stopped reading its upstream".into()))
+            .map_err(|_| internal!("the backfill stopped reading its upstream"))
     }
 }
 

@@ -85,6 +85,10 @@ pub struct ParquetSink {
     pending: Vec<(u64, StreamChunk)>,
     rows_published: u64,
     files_published: u64,
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by tests; the job logs nothing")
+    )]
     recovery: Recovery,
 }
 
@@ -160,6 +164,7 @@ impl ParquetSink {
     }
 
     /// What opening did to earlier output.
+    #[cfg(test)]
     pub fn recovery(&self) -> Recovery {
         self.recovery
     }
@@ -230,6 +235,7 @@ impl ParquetSink {
     }
 
     /// The directory the files go to.
+    #[cfg(test)]
     pub fn dir(&self) -> &Path {
         &self.dir
     }

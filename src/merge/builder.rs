@@ -31,7 +31,7 @@ use arrow_array::{Array, BinaryArray, RecordBatch};
 use arrow_schema::{Schema, SchemaRef};
 use arrow_select::interleave::{interleave, interleave_record_batch};
 
-use crate::error::{Error, Result};
+use crate::error::{Result, internal};
 use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
 use crate::store::KeyedBatch;
@@ -118,9 +118,8 @@ impl OutputBuilder {
     // (`merge/256x1M/kway`: +6% inlined).
     #[inline(always)]
     pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
-        let slot = self.current[input].ok_or_else(|| {
-            Error::Internal(format!("merge input {input} emitted a row with no batch"))
-        })?;
+        let slot = self.current[input]
+            .ok_or_else(|| internal!("merge input {input} emitted a row with no batch"))?;
         let tally = &mut self.tallies[input];
         if tally.rows == 0 {
             self.touched.push(input);
@@ -193,7 +192,7 @@ impl OutputBuilder {
                 let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
                 let keys = interleave(&keys, &self.indices)?;
                 keys.as_binary_opt::<i32>()
-                    .ok_or_else(|| Error::Internal("interleaved keys are not binary".into()))?
+                    .ok_or_else(|| internal!("interleaved keys are not binary"))?
                     .clone()
             }
         };
@@ -224,6 +223,7 @@ impl OutputBuilder {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::Error;
     use arrow_array::types::UInt64Type;
 
     use super::*;

@@ -14,7 +14,7 @@
 use arrow_array::Array;
 use arrow_schema::SchemaRef;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::first_unordered;
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
@@ -82,12 +82,12 @@ impl<S: SnapshotScan> MergeInput<S> {
                 *schema = Some(batch.batch.schema());
             }
             if batch.keys.len() != batch.num_rows() {
-                return Err(Error::Internal(format!(
+                return Err(internal!(
                     "snapshot batch of vnode {} has {} rows but {} keys",
                     self.vnode,
                     batch.num_rows(),
                     batch.keys.len()
-                )));
+                ));
             }
             if batch.is_empty() {
                 continue;

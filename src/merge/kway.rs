@@ -31,7 +31,7 @@
 
 use arrow_schema::SchemaRef;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::PrimaryKey;
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
@@ -141,9 +141,7 @@ impl<S: SnapshotScan> KWayMerge<S> {
                     T::UInt32 => Engine::U32(Merge::new(config, inputs, builder, batch_size)),
                     T::UInt64 => Engine::U64(Merge::new(config, inputs, builder, batch_size)),
                     other => {
-                        return Err(Error::Internal(format!(
-                            "no primitive merge cursor for {other}"
-                        )));
+                        return Err(internal!("no primitive merge cursor for {other}"));
                     }
                 }
             }
@@ -281,9 +279,9 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             }
             let input = winner.input();
             let cursors = &self.cursors;
-            let cursor = cursors[input].as_ref().ok_or_else(|| {
-                Error::Internal(format!("merge input {input} won with no cursor"))
-            })?;
+            let cursor = cursors[input]
+                .as_ref()
+                .ok_or_else(|| internal!("merge input {input} won with no cursor"))?;
             let room = self.batch_size - self.builder.len();
             let rows = if previous == Some(input) {
                 // A second win in a row: take every row before the runner-up at once.

@@ -23,7 +23,8 @@
 //!
 //! One file per job, as in DataFusion's `sorts/`:
 //! - `input.rs`: one input: pulls non-empty batches, checks key order, knows when it is done;
-//! - `cursor.rs`: how the heads of two inputs compare (encoded keys or native integers);
+//! - `cursor/`: how the heads of two inputs compare (`row.rs`: encoded keys, `primitive.rs`:
+//!   native integers);
 //! - `loser_tree.rs`: which input holds the smallest head;
 //! - `builder.rs`: gathers winning rows as indices and materializes them with `interleave`;
 //! - `kway.rs` and `round_robin.rs`: the two mergers.

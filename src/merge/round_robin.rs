@@ -16,7 +16,7 @@
 
 use arrow_schema::SchemaRef;
 
-use crate::error::{Error, Result};
+use crate::error::{Result, internal};
 use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
 use crate::merge::{MergeOutput, SnapshotMerger, VnodeAdvance};
@@ -50,7 +50,7 @@ impl<S: SnapshotScan> RoundRobin<S> {
         }
     }
 
-    /// Names the table in [`Error::OrderViolation`]s.
+    /// Names the table in [`Error::OrderViolation`](crate::Error::OrderViolation)s.
     pub fn with_table_name(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
@@ -84,7 +84,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             }
             let last = batch
                 .last_position()
-                .ok_or_else(|| Error::Internal("a merge input yielded an empty batch".into()))?;
+                .ok_or_else(|| internal!("a merge input yielded an empty batch"))?;
             let progress = vec![VnodeAdvance {
                 vnode: input.vnode(),
                 last,
@@ -106,6 +106,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::Error;
     use arrow_array::Array;
     use rand::SeedableRng;
     use rand::rngs::StdRng;

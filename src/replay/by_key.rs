@@ -43,7 +43,7 @@ use super::changelog::{ChangelogRows, RowLocation};
 use super::extsort::{ExternalSorter, SortConfig, SortedBatch, SortedStream};
 use super::files;
 use crate::chunk::Op;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::PrimaryKey;
 
 /// The `_op` code of a snapshot row in the sorted rows (the changelog's codes are 1..=4).
@@ -79,7 +79,7 @@ impl FileIndex {
         let i = self.starts.partition_point(|(start, _, _)| *start <= seq);
         match i.checked_sub(1).and_then(|i| self.starts.get(i)) {
             Some((start, path, snapshot)) => Ok((path, seq - start, *snapshot)),
-            None => Err(Error::Internal(format!("sequence {seq} is in no file"))),
+            None => Err(internal!("sequence {seq} is in no file")),
         }
     }
 }
@@ -330,10 +330,11 @@ impl Values {
 }
 
 /// The native bytes of `values` (a value compared with values of the same process only).
+#[expect(unsafe_code, reason = "a zero-copy view of u64s as bytes; see SAFETY")]
 fn bytes_of(values: &[u64]) -> &[u8] {
+    debug_assert!(values.len() <= usize::MAX / 8);
     // SAFETY: u64 has no padding and every byte pattern is a valid u8; the length covers
     // exactly the values and the alignment of u8 is 1.
-    debug_assert!(values.len() <= usize::MAX / 8);
     unsafe {
         std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
     }

@@ -244,18 +244,6 @@ impl Dataset {
         })
     }
 
-    /// The full validation pass (see [`super::validate`]): nothing of a dataset should be
-    /// committed before it succeeds.
-    pub fn validate(&self) -> Result<DatasetSummary> {
-        super::validate::validate(self)
-    }
-
-    /// [`Dataset::validate`] with explicit scratch space and memory budget (see
-    /// [`super::validate_with`]).
-    pub fn validate_with(&self, options: &super::ExternalSortOptions) -> Result<DatasetSummary> {
-        super::validate::validate_with(self, options)
-    }
-
     /// The raw checked changelog stream.
     pub(crate) fn changelog(&self, batch_size: usize) -> ChangelogReader {
         ChangelogReader::new(self.change_files.clone(), self.schema.clone(), batch_size)

@@ -45,11 +45,12 @@ use arrow_schema::SchemaRef;
 use arrow_select::interleave::{interleave, interleave_record_batch};
 use rayon::slice::ParallelSliceMut;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::PrimaryKey;
 use crate::merge::{Entry, LoserTree};
 
-/// The default memory budget of [`super::validate`] and [`super::verify`]: 64 MiB.
+/// The default memory budget of [`Dataset::validate`](super::Dataset::validate) and
+/// [`super::verify`]: 64 MiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 64 << 20;
 
 /// The most rows in one spilled or merged batch.
@@ -193,11 +194,11 @@ impl ExternalSorter {
     /// Adds rows. Their schema must be the sorter's.
     pub fn push(&mut self, batch: RecordBatch) -> Result<()> {
         if batch.schema_ref() != &self.schema {
-            return Err(Error::Internal(format!(
+            return Err(internal!(
                 "external sort of {:?} was given a batch of {:?}",
                 self.schema,
                 batch.schema()
-            )));
+            ));
         }
         if batch.num_rows() == 0 {
             return Ok(());
@@ -254,7 +255,7 @@ impl ExternalSorter {
         if let Some(handle) = self.in_flight.take() {
             let run = handle
                 .join()
-                .map_err(|_| Error::Internal("an external sort thread panicked".into()))??;
+                .map_err(|_| internal!("an external sort thread panicked"))??;
             self.runs.push(run);
         }
         Ok(())
@@ -336,7 +337,7 @@ impl Drop for ExternalSorter {
 
 /// The stable order of the rows of `batches` by key: `(batch, row)` pairs.
 fn sort_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
-    let too_many = || Error::Internal("more than 2^32 rows or batches in one sort run".into());
+    let too_many = || internal!("more than 2^32 rows or batches in one sort run");
     let mut order = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
     for (b, k) in keys.iter().enumerate() {
         let b = u32::try_from(b).map_err(|_| too_many())?;

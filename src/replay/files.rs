@@ -81,8 +81,8 @@ pub(crate) fn list_parquet_files(dir: &Path, required: bool) -> Result<Listing> 
     Ok(Listing { files, skipped })
 }
 
-fn unreadable(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::dataset(path, "", format!("unreadable Parquet file: {e}"))
+fn unreadable(path: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::dataset_caused_by(path, "", "unreadable Parquet file", e)
 }
 
 fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {

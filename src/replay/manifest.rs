@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::KeyColumn;
 
 /// The manifest file's name inside a dataset directory.
@@ -78,7 +78,7 @@ impl Manifest {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let path = dir.join(MANIFEST_FILE);
         let text = serde_json::to_string_pretty(self)
-            .map_err(|e| Error::Internal(format!("serializing a manifest: {e}")))?;
+            .map_err(|e| internal!("serializing a manifest: {e}"))?;
         std::fs::write(&path, text + "\n").map_err(|e| Error::file(&path, e))?;
         Ok(())
     }

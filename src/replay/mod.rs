@@ -24,6 +24,7 @@ mod changelog;
 mod dataset;
 mod extsort;
 mod files;
+#[cfg(feature = "cli")]
 mod generate;
 mod manifest;
 #[cfg(test)]
@@ -35,7 +36,9 @@ mod verify;
 
 pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
 pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
-pub use generate::{GenKind, GenOptions, SyntheticShape, generate, snapshot_rows};
+#[cfg(feature = "cli")]
+pub use generate::{
+    GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
+};
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
-pub use validate::{validate, validate_with};
 pub use verify::{VerifyReport, verify, verify_with};

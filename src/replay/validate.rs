@@ -31,14 +31,24 @@ use crate::vnode::VnodeCount;
 /// Rows per batch read during validation.
 const BATCH_SIZE: usize = 8192;
 
-/// Validates `dataset` (see the module docs) and counts its rows and epochs, spilling to a
-/// temporary directory (`TMPDIR`, removed afterwards) with the default memory budget.
-pub fn validate(dataset: &Dataset) -> Result<DatasetSummary> {
-    validate_with(dataset, &ExternalSortOptions::new(std::env::temp_dir()))
+/// The one validation entry point is a method of [`Dataset`], defined here so that the
+/// dataset module does not depend on its validation.
+impl Dataset {
+    /// The full validation pass (see the module docs of `validate.rs`): nothing of a dataset
+    /// should be committed before it succeeds. Counts its rows and epochs, spilling to a
+    /// temporary directory (`TMPDIR`, removed afterwards) with the default memory budget.
+    pub fn validate(&self) -> Result<DatasetSummary> {
+        self.validate_with(&ExternalSortOptions::new(std::env::temp_dir()))
+    }
+
+    /// [`Dataset::validate`] with explicit scratch space and memory budget.
+    pub fn validate_with(&self, options: &ExternalSortOptions) -> Result<DatasetSummary> {
+        validate_with(self, options)
+    }
 }
 
-/// Validates `dataset` (see the module docs) with explicit scratch space and memory budget.
-pub fn validate_with(dataset: &Dataset, options: &ExternalSortOptions) -> Result<DatasetSummary> {
+/// See [`Dataset::validate_with`].
+fn validate_with(dataset: &Dataset, options: &ExternalSortOptions) -> Result<DatasetSummary> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let scratch = options.scratch()?;
     let mut rows = KeyedChanges::new(

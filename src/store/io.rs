@@ -1,7 +1,7 @@
 //! The file I/O seam of the durable store and the replay's sink.
 //!
 //! Everything that touches the disk on the durable path goes through [`StorageIo`]: create,
-//! write, fsync, rename, remove, read, list. [`RealIo`] is the file system; [`FaultyIo`]
+//! write, fsync, rename, remove, read, list. [`RealIo`] is the file system; `FaultyIo` (feature `testing`)
 //! wraps another implementation and fails (or "crashes") at the N-th mutating operation, so
 //! tests can stop the world at every write, fsync and rename of a run and check that what
 //! reopens is exactly the last committed state (the approach of redb's storage backend tests).
@@ -12,8 +12,7 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A file being written.
 pub trait WriteFile: Write + Send {
@@ -66,7 +65,7 @@ pub trait StorageIo: Send + Sync + fmt::Debug + 'static {
 }
 
 /// Adds the path to an I/O error's message.
-pub fn named(path: &Path, e: io::Error) -> io::Error {
+pub(crate) fn named(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
@@ -188,207 +187,218 @@ impl StorageIo for RealIo {
     }
 }
 
-/// What [`FaultyIo`] does at its chosen operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The operation fails with an error; later operations work (a transient error).
-    Fail,
-    /// The operation and every later one fail, as if the process died there. Call
-    /// [`FaultyIo::lose_unsynced`] to also drop what was written but not fsynced.
-    Crash,
-}
+#[cfg(any(test, feature = "testing"))]
+pub use faulty::{Fault, FaultyIo};
 
-/// A [`StorageIo`] that injects a fault at the N-th mutating operation (create, write,
-/// fsync, rename, remove, directory sync), counting from 1.
-#[derive(Debug)]
-pub struct FaultyIo {
-    inner: Arc<dyn StorageIo>,
-    state: Arc<FaultState>,
-}
+/// Fault injection (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+mod faulty {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-#[derive(Debug)]
-struct FaultState {
-    ops: AtomicU64,
-    at: Option<u64>,
-    fault: Fault,
-    crashed: AtomicBool,
-    /// Files written since creation: path -> (written length, synced length).
-    lengths: Mutex<Vec<(PathBuf, u64, u64)>>,
-}
-
-impl FaultState {
-    /// Counts an operation; the error to return if it is the faulty one (or after a crash).
-    fn tick(&self, what: &str, path: &Path) -> io::Result<()> {
-        if self.crashed.load(Ordering::SeqCst) {
-            return Err(named(
-                path,
-                io::Error::other("injected crash: the world stopped"),
-            ));
-        }
-        let n = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.at == Some(n) {
-            if self.fault == Fault::Crash {
-                self.crashed.store(true, Ordering::SeqCst);
-            }
-            return Err(named(
-                path,
-                io::Error::other(format!("injected fault at operation {n} ({what})")),
-            ));
-        }
-        Ok(())
+    /// What [`FaultyIo`] does at its chosen operation.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Fault {
+        /// The operation fails with an error; later operations work (a transient error).
+        Fail,
+        /// The operation and every later one fail, as if the process died there. Call
+        /// [`FaultyIo::lose_unsynced`] to also drop what was written but not fsynced.
+        Crash,
     }
 
-    fn record(&self, path: &Path, written: Option<u64>, synced: bool) {
-        if let Ok(mut lengths) = self.lengths.lock() {
-            let entry = match lengths.iter_mut().find(|(p, _, _)| p == path) {
-                Some(e) => e,
-                None => {
-                    lengths.push((path.to_path_buf(), 0, 0));
-                    let last = lengths.len() - 1;
-                    &mut lengths[last]
+    /// A [`StorageIo`] that injects a fault at the N-th mutating operation (create, write,
+    /// fsync, rename, remove, directory sync), counting from 1.
+    #[derive(Debug)]
+    pub struct FaultyIo {
+        inner: Arc<dyn StorageIo>,
+        state: Arc<FaultState>,
+    }
+
+    #[derive(Debug)]
+    struct FaultState {
+        ops: AtomicU64,
+        at: Option<u64>,
+        fault: Fault,
+        crashed: AtomicBool,
+        /// Files written since creation: path -> (written length, synced length).
+        lengths: Mutex<Vec<(PathBuf, u64, u64)>>,
+    }
+
+    impl FaultState {
+        /// Counts an operation; the error to return if it is the faulty one (or after a crash).
+        fn tick(&self, what: &str, path: &Path) -> io::Result<()> {
+            if self.crashed.load(Ordering::SeqCst) {
+                return Err(named(
+                    path,
+                    io::Error::other("injected crash: the world stopped"),
+                ));
+            }
+            let n = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.at == Some(n) {
+                if self.fault == Fault::Crash {
+                    self.crashed.store(true, Ordering::SeqCst);
                 }
-            };
-            if let Some(w) = written {
-                entry.1 += w;
+                return Err(named(
+                    path,
+                    io::Error::other(format!("injected fault at operation {n} ({what})")),
+                ));
             }
-            if synced {
-                entry.2 = entry.1;
-            }
+            Ok(())
         }
-    }
-}
 
-impl FaultyIo {
-    /// Injects `fault` at operation `at` (`None`: never; counts only).
-    pub fn new(inner: Arc<dyn StorageIo>, at: Option<u64>, fault: Fault) -> Self {
-        Self {
-            inner,
-            state: Arc::new(FaultState {
-                ops: AtomicU64::new(0),
-                at,
-                fault,
-                crashed: AtomicBool::new(false),
-                lengths: Mutex::new(Vec::new()),
-            }),
-        }
-    }
-
-    /// Mutating operations seen so far.
-    pub fn operations(&self) -> u64 {
-        self.state.ops.load(Ordering::SeqCst)
-    }
-
-    /// Whether the fault has fired.
-    pub fn fired(&self) -> bool {
-        self.state.at.is_some_and(|at| self.operations() >= at)
-    }
-
-    /// Simulates a power loss after a crash: every file written through this seam is cut
-    /// back to the length it had at its last fsync.
-    pub fn lose_unsynced(&self) -> io::Result<()> {
-        let lengths = self
-            .state
-            .lengths
-            .lock()
-            .map_err(|_| io::Error::other("fault state poisoned"))?;
-        for (path, written, synced) in lengths.iter() {
-            if written != synced && path.exists() {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(|e| named(path, e))?;
-                file.set_len(*synced).map_err(|e| named(path, e))?;
+        fn record(&self, path: &Path, written: Option<u64>, synced: bool) {
+            if let Ok(mut lengths) = self.lengths.lock() {
+                let entry = match lengths.iter_mut().find(|(p, _, _)| p == path) {
+                    Some(e) => e,
+                    None => {
+                        lengths.push((path.to_path_buf(), 0, 0));
+                        let last = lengths.len() - 1;
+                        &mut lengths[last]
+                    }
+                };
+                if let Some(w) = written {
+                    entry.1 += w;
+                }
+                if synced {
+                    entry.2 = entry.1;
+                }
             }
         }
-        Ok(())
-    }
-}
-
-struct FaultyWriteFile {
-    path: PathBuf,
-    inner: Box<dyn WriteFile>,
-    state: Arc<FaultState>,
-}
-
-impl Write for FaultyWriteFile {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.state.tick("write", &self.path)?;
-        let n = self.inner.write(buf)?;
-        // Unbuffered below us would be more precise; the inner writer may buffer, so
-        // flush to make the written length real for `lose_unsynced`.
-        self.inner.flush()?;
-        self.state.record(&self.path, Some(n as u64), false);
-        Ok(n)
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-impl WriteFile for FaultyWriteFile {
-    fn sync(&mut self) -> io::Result<()> {
-        self.state.tick("fsync", &self.path)?;
-        self.inner.sync()?;
-        self.state.record(&self.path, None, true);
-        Ok(())
-    }
-}
-
-impl StorageIo for FaultyIo {
-    fn create(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
-        self.state.tick("create", path)?;
-        let inner = self.inner.create(path)?;
-        self.state.record(path, None, false);
-        Ok(Box::new(FaultyWriteFile {
-            path: path.to_path_buf(),
-            inner,
-            state: self.state.clone(),
-        }))
-    }
-
-    fn open(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
-        if self.state.crashed.load(Ordering::SeqCst) {
-            return Err(named(
-                path,
-                io::Error::other("injected crash: the world stopped"),
-            ));
+    impl FaultyIo {
+        /// Injects `fault` at operation `at` (`None`: never; counts only).
+        pub fn new(inner: Arc<dyn StorageIo>, at: Option<u64>, fault: Fault) -> Self {
+            Self {
+                inner,
+                state: Arc::new(FaultState {
+                    ops: AtomicU64::new(0),
+                    at,
+                    fault,
+                    crashed: AtomicBool::new(false),
+                    lengths: Mutex::new(Vec::new()),
+                }),
+            }
         }
-        self.inner.open(path)
-    }
 
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.state.tick("rename", to)?;
-        self.inner.rename(from, to)?;
-        if let Ok(mut lengths) = self.state.lengths.lock()
-            && let Some(entry) = lengths.iter_mut().find(|(p, _, _)| p == from)
-        {
-            entry.0 = to.to_path_buf();
+        /// Mutating operations seen so far.
+        pub fn operations(&self) -> u64 {
+            self.state.ops.load(Ordering::SeqCst)
         }
-        Ok(())
+
+        /// Whether the fault has fired.
+        pub fn fired(&self) -> bool {
+            self.state.at.is_some_and(|at| self.operations() >= at)
+        }
+
+        /// Simulates a power loss after a crash: every file written through this seam is cut
+        /// back to the length it had at its last fsync.
+        pub fn lose_unsynced(&self) -> io::Result<()> {
+            let lengths = self
+                .state
+                .lengths
+                .lock()
+                .map_err(|_| io::Error::other("fault state poisoned"))?;
+            for (path, written, synced) in lengths.iter() {
+                if written != synced && path.exists() {
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map_err(|e| named(path, e))?;
+                    file.set_len(*synced).map_err(|e| named(path, e))?;
+                }
+            }
+            Ok(())
+        }
     }
 
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.state.tick("remove", path)?;
-        self.inner.remove(path)
+    struct FaultyWriteFile {
+        path: PathBuf,
+        inner: Box<dyn WriteFile>,
+        state: Arc<FaultState>,
     }
 
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.state.tick("directory sync", dir)?;
-        self.inner.sync_dir(dir)
+    impl Write for FaultyWriteFile {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.state.tick("write", &self.path)?;
+            let n = self.inner.write(buf)?;
+            // Unbuffered below us would be more precise; the inner writer may buffer, so
+            // flush to make the written length real for `lose_unsynced`.
+            self.inner.flush()?;
+            self.state.record(&self.path, Some(n as u64), false);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            self.inner.flush()
+        }
     }
 
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.state.tick("mkdir", dir)?;
-        self.inner.create_dir_all(dir)
+    impl WriteFile for FaultyWriteFile {
+        fn sync(&mut self) -> io::Result<()> {
+            self.state.tick("fsync", &self.path)?;
+            self.inner.sync()?;
+            self.state.record(&self.path, None, true);
+            Ok(())
+        }
     }
 
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
+    impl StorageIo for FaultyIo {
+        fn create(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
+            self.state.tick("create", path)?;
+            let inner = self.inner.create(path)?;
+            self.state.record(path, None, false);
+            Ok(Box::new(FaultyWriteFile {
+                path: path.to_path_buf(),
+                inner,
+                state: self.state.clone(),
+            }))
+        }
 
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
+        fn open(&self, path: &Path) -> io::Result<Box<dyn ReadFile>> {
+            if self.state.crashed.load(Ordering::SeqCst) {
+                return Err(named(
+                    path,
+                    io::Error::other("injected crash: the world stopped"),
+                ));
+            }
+            self.inner.open(path)
+        }
+
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            self.state.tick("rename", to)?;
+            self.inner.rename(from, to)?;
+            if let Ok(mut lengths) = self.state.lengths.lock()
+                && let Some(entry) = lengths.iter_mut().find(|(p, _, _)| p == from)
+            {
+                entry.0 = to.to_path_buf();
+            }
+            Ok(())
+        }
+
+        fn remove(&self, path: &Path) -> io::Result<()> {
+            self.state.tick("remove", path)?;
+            self.inner.remove(path)
+        }
+
+        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+            self.state.tick("directory sync", dir)?;
+            self.inner.sync_dir(dir)
+        }
+
+        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+            self.state.tick("mkdir", dir)?;
+            self.inner.create_dir_all(dir)
+        }
+
+        fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+            self.inner.list(dir)
+        }
+
+        fn exists(&self, path: &Path) -> io::Result<bool> {
+            self.inner.exists(path)
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::run::{MergeReader, Run, RunList, build_pending_runs, compact};
 use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
@@ -77,13 +77,13 @@ impl MemoryStore {
     fn read(&self) -> Result<RwLockReadGuard<'_, Inner>> {
         self.inner
             .read()
-            .map_err(|_| Error::Internal("memory store lock poisoned".into()))
+            .map_err(|_| internal!("memory store lock poisoned"))
     }
 
     fn write(&self) -> Result<RwLockWriteGuard<'_, Inner>> {
         self.inner
             .write()
-            .map_err(|_| Error::Internal("memory store lock poisoned".into()))
+            .map_err(|_| internal!("memory store lock poisoned"))
     }
 
     /// Drops every sealed layer above the committed epoch, as a crash would: what is left
@@ -324,10 +324,10 @@ impl StateTable for MemoryTable {
             let slot = table.sealed.entry(epoch).or_default();
             for (vnode, run) in layer {
                 if slot.insert(vnode, run).is_some() {
-                    return Err(Error::Internal(format!(
+                    return Err(internal!(
                         "two handles wrote vnode {vnode} of table `{}` in epoch {epoch}",
                         self.desc.name()
-                    )));
+                    ));
                 }
             }
         }

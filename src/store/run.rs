@@ -17,7 +17,7 @@ use arrow_schema::DataType;
 use rayon::prelude::*;
 
 use crate::chunk::{Op, StreamChunk};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::store::KeyedBatch;
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -152,8 +152,8 @@ pub(crate) fn build_runs(
                     .as_binary::<i32>()
                     .clone(),
             };
-            let vnode = u16::try_from(vnode)
-                .map_err(|_| Error::Internal(format!("vnode index {vnode} out of range")))?;
+            let vnode =
+                u16::try_from(vnode).map_err(|_| internal!("vnode index {vnode} out of range"))?;
             Ok((VirtualNode::new(vnode), Run { data, deleted }))
         })
         .collect()

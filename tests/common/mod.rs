@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrangement_backfill::backfill::core::BackfillStats;
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
-use arrangement_backfill::backfill::progress::{ProgressCodec, ProgressMap, VnodeProgress};
+use arrangement_backfill::backfill::BackfillStats;
+use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use arrangement_backfill::backfill::{ProgressCodec, ProgressMap, VnodeProgress};
 use arrangement_backfill::chunk::{
     Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk,
 };
@@ -749,12 +749,12 @@ fn start(
     let (out, stats): (Output, _) = match p.kind {
         Kind::Arrangement => {
             let exec = BackfillExecutor::arrangement(store, "t", owned, config).unwrap();
-            let stats = exec.progress();
+            let stats = exec.stats();
             (Box::pin(exec.execute(rx)), stats)
         }
         Kind::NoShuffle => {
             let exec = BackfillExecutor::no_shuffle(store, "t", owned, config).unwrap();
-            let stats = exec.progress();
+            let stats = exec.stats();
             (Box::pin(exec.execute(rx)), stats)
         }
     };
