@@ -45,6 +45,10 @@ use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SEED: u64 = 0xBAC4_F111_0000_0001;
 const BATCH: usize = 1024;
 

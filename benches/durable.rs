@@ -54,6 +54,10 @@ use criterion::{Criterion, Throughput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SEED: u64 = 0xD0AB_1E5C_0000_0007;
 const SCAN_ROWS: usize = 1_000_000;
 const SCAN_BATCH: usize = 1024;

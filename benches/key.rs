@@ -26,6 +26,10 @@ use rand::distr::Alphanumeric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ROWS: usize = 1_000_000;
 const SEED: u64 = 0x6b65_7973;
 

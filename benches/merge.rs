@@ -31,6 +31,10 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_mai
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ROWS: usize = 1_000_000;
 const BATCH: usize = 1024;
 

@@ -26,6 +26,10 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ROWS: usize = 1_000_000;
 const SEED: u64 = 0x5EED_5708_E000_0001;
 

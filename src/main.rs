@@ -22,6 +22,10 @@ use arrangement_backfill::vnode::VnodeCount;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// mimalloc: chosen by measurement over glibc's allocator (BENCHMARKS.md, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Prints a line to stdout. A reader that went away (`backfill ... | head -1`) is not an
 /// error of ours: the rest of the report is dropped and the exit status stays the job's.
 macro_rules! say {
