@@ -45,6 +45,7 @@ fn options(out: &Path, io: Arc<dyn StorageIo>) -> ReplayOptions {
         // Small enough that the load spills, so spill files are swept too.
         memory_budget: 16 << 10,
         max_deltas: 2,
+        merge_deltas: 8,
         compaction: Compaction::Inline,
         block_cache: 1 << 20,
     };

@@ -190,25 +190,29 @@ impl Subject for Memory {
     }
 }
 
-/// The durable store with a tiny memory budget (so layers spill to disk) and compaction
-/// after two deltas in the background.
+/// The durable store with a tiny memory budget (so layers spill to disk) and background
+/// compaction: either a full one after two deltas, or delta runs merged after two (tombstones
+/// kept) and a full compaction only after six.
 struct Durable {
     dir: tempfile::TempDir,
     budget: usize,
+    merge_deltas: bool,
 }
 
 impl Durable {
-    fn new(budget: usize) -> Self {
+    fn new(budget: usize, merge_deltas: bool) -> Self {
         Self {
             dir: tempfile::tempdir().unwrap(),
             budget,
+            merge_deltas,
         }
     }
 
     fn open(&self) -> DurableStore {
         let options = DurableOptions {
             memory_budget: self.budget,
-            max_deltas: 2,
+            max_deltas: if self.merge_deltas { 6 } else { 2 },
+            merge_deltas: 2,
             compaction: arrangement_backfill::store::Compaction::Background,
             block_cache: 1 << 20,
         };
@@ -415,15 +419,16 @@ proptest! {
         plans in prop::collection::vec(epoch_plan(), 1..8),
         vnodes in prop::sample::select(vec![1usize, 4, 16]),
         budget in prop::sample::select(vec![0usize, 2048, 64 << 10]),
+        merge_deltas in any::<bool>(),
     ) {
-        run_plan(&mut Durable::new(budget), &plans, vnodes);
+        run_plan(&mut Durable::new(budget, merge_deltas), &plans, vnodes);
     }
 }
 
 #[test]
 fn large_vnode_compacts_segment_by_segment() {
     large_vnode(MemoryStore::new());
-    let durable = Durable::new(1 << 20);
+    let durable = Durable::new(1 << 20, false);
     let store = durable.open();
     large_vnode(store.clone());
     store.compact().unwrap();
@@ -467,4 +472,86 @@ fn large_vnode<S: StateStore>(store: S) {
     assert!(!rows.iter().any(|(k, _)| *k == 5));
     assert!(rows.contains(&(30_000, "v3".into())));
     assert!(rows.contains(&(60_000, "v1".into())));
+}
+
+/// A large base and many small epochs: the deltas are merged into one delta run again and
+/// again (tombstones of base rows kept) without a full compaction, and every read, before
+/// and after a reopen, equals the model.
+#[test]
+fn merged_deltas_keep_deleting_base_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = DurableOptions {
+        memory_budget: 1 << 20,
+        max_deltas: 1000,
+        merge_deltas: 3,
+        compaction: arrangement_backfill::store::Compaction::Inline,
+        block_cache: 1 << 20,
+    };
+    let open = || {
+        DurableStore::open_with(
+            dir.path(),
+            arrangement_backfill::store::io::RealIo::shared(),
+            options.clone(),
+        )
+        .unwrap()
+    };
+    let store = open();
+    let desc = store.create_table(desc(1)).unwrap();
+    let all = VnodeBitmap::full(desc.vnode_count());
+    let mut writer = store.table("t", all.clone()).unwrap();
+    let n = 20_000i64;
+    let mut model = Rows::new();
+    let base: Vec<Change> = (0..n).map(|k| (k * 2, 0, (k % 5) as u8)).collect();
+    writer.write(&chunk_of(&base)).unwrap();
+    apply(&mut model, &delta_of(&base));
+    writer.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let files = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".arrow")
+            })
+            .count()
+    };
+    for epoch in 2..=20u64 {
+        let e = epoch as i64;
+        // Deletes and updates of base rows, inserts of new keys, and a key deleted in one
+        // epoch and inserted again in the next.
+        let changes: Vec<Change> = vec![
+            (e * 100, 1, 0),
+            (e * 100 + 2, 2, (e % 5) as u8),
+            (e * 100 + 1, 0, 1),
+            ((e - 1) * 100, 0, 4),
+            (n * 2 + e, 0, 2),
+        ];
+        writer.write(&chunk_of(&changes)).unwrap();
+        apply(&mut model, &delta_of(&changes));
+        writer.seal(epoch).unwrap();
+        store.commit(epoch).unwrap();
+        let want: Vec<(i64, String)> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
+        assert_eq!(
+            scan_all(&writer, VirtualNode::ZERO, None, epoch, 4096),
+            want
+        );
+        // The base's file, at most one merged delta and fewer than three fresh ones.
+        assert!(
+            files(dir.path()) <= 4,
+            "epoch {epoch}: {} files",
+            files(dir.path())
+        );
+    }
+    drop((writer, store));
+    let store = open();
+    let reader = store.table("t", all).unwrap();
+    let want: Vec<(i64, String)> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
+    assert_eq!(scan_all(&reader, VirtualNode::ZERO, None, 20, 1000), want);
+    assert_eq!(
+        scan_all(&reader, VirtualNode::ZERO, Some(1000), 20, 7),
+        want[want.partition_point(|(k, _)| *k <= 1000)..]
+    );
 }

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
-use arrow_buffer::BooleanBuffer;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
 use arrow_schema::DataType;
 use rayon::prelude::*;
 
@@ -248,6 +248,8 @@ impl Source {
 pub(crate) struct MergeReader {
     sources: Vec<Source>,
     batch_size: usize,
+    /// Whether winning tombstones are returned (merging deltas into a delta) or hidden.
+    keep_tombstones: bool,
 }
 
 impl MergeReader {
@@ -286,7 +288,39 @@ impl MergeReader {
         Ok(Self {
             sources: out,
             batch_size: batch_size.max(1),
+            keep_tombstones: false,
         })
+    }
+
+    /// Returns winning tombstones too (see [`Self::next_with_tombstones`]): for merging delta
+    /// runs into one delta run, whose tombstones must still hide the rows of the base.
+    pub fn keeping_tombstones(mut self) -> Self {
+        self.keep_tombstones = true;
+        self
+    }
+
+    /// The next batch with its tombstone mask (`None` when it holds no tombstone).
+    pub fn next_with_tombstones(&mut self) -> Result<Option<(KeyedBatch, Option<BooleanArray>)>> {
+        let pieces = self.next_pieces()?;
+        let Some(batch) = assemble(&pieces)? else {
+            return Ok(None);
+        };
+        let any = pieces.iter().any(|(run, start, len)| {
+            run.deleted
+                .as_ref()
+                .is_some_and(|d| d.slice(*start, *len).count_set_bits() > 0)
+        });
+        let deleted = any.then(|| {
+            let mut mask = BooleanBufferBuilder::new(batch.num_rows());
+            for (run, start, len) in &pieces {
+                match &run.deleted {
+                    Some(d) => mask.append_buffer(&d.slice(*start, *len)),
+                    None => mask.append_n(*len, false),
+                }
+            }
+            BooleanArray::new(mask.finish(), None)
+        });
+        Ok(Some((batch, deleted)))
     }
 
     /// The next batch of visible rows (at most `batch_size`), or `None` when exhausted.
@@ -295,7 +329,13 @@ impl MergeReader {
     /// the smallest head of the other sources in one step (a binary search), so a base with
     /// sparse deltas is copied range by range, and a lone source is sliced without copying.
     pub fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
-        let mut pieces: Vec<(Arc<Run>, usize, usize)> = Vec::new(); // (run, start, len)
+        let pieces = self.next_pieces()?;
+        assemble(&pieces)
+    }
+
+    /// The row ranges of the next batch, in order.
+    fn next_pieces(&mut self) -> Result<Vec<Piece>> {
+        let mut pieces: Vec<Piece> = Vec::new();
         let mut total = 0;
         while total < self.batch_size {
             // The smallest head; among equal keys the newest source (highest index) wins.
@@ -339,7 +379,7 @@ impl MergeReader {
             .min(row + room);
             if end > row {
                 // Rows strictly below every other head: take them, skipping tombstones.
-                total += push_live(&mut pieces, &run, row, end);
+                total += push_rows(&mut pieces, &run, row, end, self.keep_tombstones);
                 self.sources[winner].row = end;
                 self.sources[winner].settle()?;
             } else {
@@ -351,36 +391,46 @@ impl MergeReader {
                         source.settle()?;
                     }
                 }
-                total += push_live(&mut pieces, &run, row, row + 1);
+                total += push_rows(&mut pieces, &run, row, row + 1, self.keep_tombstones);
             }
         }
-        match pieces.as_slice() {
-            [] => Ok(None),
-            [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
-            _ => {
-                let slices: Vec<KeyedBatch> = pieces
-                    .iter()
-                    .map(|(run, start, len)| run.data.slice(*start, *len))
-                    .collect();
-                let schema = slices[0].batch.schema();
-                let batch =
-                    arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
-                let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
-                let keys = arrow_select::concat::concat(&keys)?
-                    .as_binary::<i32>()
-                    .clone();
-                Ok(Some(KeyedBatch { batch, keys }))
-            }
+        Ok(pieces)
+    }
+}
+
+/// A range of rows of a run: (run, start, len).
+type Piece = (Arc<Run>, usize, usize);
+
+/// One batch of the pieces' rows: a zero-copy slice for one piece, a copy for several.
+fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
+    match pieces {
+        [] => Ok(None),
+        [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
+        _ => {
+            let slices: Vec<KeyedBatch> = pieces
+                .iter()
+                .map(|(run, start, len)| run.data.slice(*start, *len))
+                .collect();
+            let schema = slices[0].batch.schema();
+            let batch =
+                arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
+            let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
+            let keys = arrow_select::concat::concat(&keys)?
+                .as_binary::<i32>()
+                .clone();
+            Ok(Some(KeyedBatch { batch, keys }))
         }
     }
 }
 
-/// Appends the live rows of `run[start..end]` to `pieces` as ranges; returns their count.
-fn push_live(
-    pieces: &mut Vec<(Arc<Run>, usize, usize)>,
+/// Appends the rows of `run[start..end]` to `pieces` as ranges, tombstones only if `keep`
+/// is set; returns their count.
+fn push_rows(
+    pieces: &mut Vec<Piece>,
     run: &Arc<Run>,
     start: usize,
     end: usize,
+    keep: bool,
 ) -> usize {
     let mut pushed = 0;
     let mut push = |from: usize, to: usize| {
@@ -397,8 +447,7 @@ fn push_live(
         }
     };
     match &run.deleted {
-        None => push(start, end),
-        Some(deleted) => {
+        Some(deleted) if !keep => {
             let mut from = start;
             for i in start..end {
                 if deleted.value(i) {
@@ -408,6 +457,7 @@ fn push_live(
             }
             push(from, end);
         }
+        _ => push(start, end),
     }
     pushed
 }

@@ -50,7 +50,7 @@ impl Compactor {
                     let Some(shared) = shared.upgrade() else {
                         break;
                     };
-                    if let Err(e) = compact_all(&shared, shared.options.max_deltas, &stop_flag)
+                    if let Err(e) = compact_all(&shared, Policy::of(&shared.options), &stop_flag)
                         && let Ok(mut state) = shared.write()
                         && state.failed.is_none()
                     {
@@ -94,32 +94,78 @@ struct Input {
     table: String,
     vnode: VirtualNode,
     runs: VnodeRuns,
+    plan: Plan,
 }
 
-/// Whether a vnode is due for compaction: it has `max_deltas` delta runs (the bound on
-/// read amplification), or its deltas hold a quarter of its base's rows (so the rewrite of
-/// the base is paid for by the change it absorbs: each row is rewritten O(log) times, not
-/// once per few commits). `max_deltas` of 1 compacts whatever has a delta.
-fn due(runs: &VnodeRuns, max_deltas: usize) -> bool {
+impl Input {
+    /// The rows the job reads.
+    fn rows(&self) -> u64 {
+        let deltas: u64 = self.runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
+        match self.plan {
+            Plan::Full => deltas + self.runs.base.as_ref().map_or(0, |b| b.span.rows),
+            Plan::Deltas => deltas,
+        }
+    }
+}
+
+/// What a job does with a vnode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Base and deltas merged into a new base; the deltas are gone.
+    Full,
+    /// The deltas merged into one delta run (tombstones kept); the base stays.
+    Deltas,
+}
+
+/// When a vnode is compacted, and how.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Policy {
+    /// A full compaction at this many deltas (1: whatever has a delta).
+    pub max_deltas: usize,
+    /// A merge of the deltas at this many.
+    pub merge_deltas: usize,
+}
+
+impl Policy {
+    /// Everything into the base, now ([`super::DurableStore::compact`]).
+    pub const EVERYTHING: Self = Self {
+        max_deltas: 1,
+        merge_deltas: usize::MAX,
+    };
+
+    /// The store's settings.
+    pub fn of(options: &super::DurableOptions) -> Self {
+        Self {
+            max_deltas: options.max_deltas.max(1),
+            merge_deltas: options.merge_deltas.max(2),
+        }
+    }
+}
+
+/// What a vnode is due for, if anything. A full compaction when it has `max_deltas` delta
+/// runs, or its deltas hold a quarter of its base's rows (so the rewrite of the base is paid
+/// for by the change it absorbs: each row is rewritten O(log) times, not once per few
+/// commits). Otherwise a merge of its deltas into one once it has `merge_deltas` of them: a
+/// read holds one loaded block per run, so this bounds what a scan of the vnode holds (the
+/// base's block, the merged delta's, a few small ones) without rewriting the base.
+fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     let deltas = runs.deltas.len();
     if deltas == 0 {
-        return false;
-    }
-    if deltas >= max_deltas {
-        return true;
+        return None;
     }
     let base: u64 = runs.base.as_ref().map_or(0, |b| b.span.rows);
     let delta: u64 = runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
-    deltas >= 2 && delta * 4 >= base
+    if deltas >= policy.max_deltas || (deltas >= 2 && delta * 4 >= base) {
+        Some(Plan::Full)
+    } else if deltas >= policy.merge_deltas {
+        Some(Plan::Deltas)
+    } else {
+        None
+    }
 }
 
-/// Compacts every vnode [`due`] for it (with `min_deltas` as the delta bound).
-pub(super) fn compact_all(
-    shared: &Arc<Shared>,
-    min_deltas: usize,
-    stop: &AtomicBool,
-) -> Result<()> {
-    let min = min_deltas.max(1);
+/// Compacts every vnode due for it by [`plan`].
+pub(super) fn compact_all(shared: &Arc<Shared>, policy: Policy, stop: &AtomicBool) -> Result<()> {
     let _pass = shared
         .compaction_lock
         .lock()
@@ -131,15 +177,14 @@ pub(super) fn compact_all(
             .tables
             .iter()
             .flat_map(|(name, t)| {
-                t.vnodes
-                    .iter()
-                    .enumerate()
-                    .filter(move |(_, runs)| due(runs, min))
-                    .map(move |(v, runs)| Input {
+                t.vnodes.iter().enumerate().filter_map(move |(v, runs)| {
+                    plan(runs, policy).map(|plan| Input {
                         table: name.clone(),
                         vnode: VirtualNode::new(v as u16),
                         runs: runs.clone(),
+                        plan,
                     })
+                })
             })
             .collect()
     };
@@ -147,13 +192,7 @@ pub(super) fn compact_all(
     let mut job: Vec<Input> = Vec::new();
     let mut job_rows = 0u64;
     for input in inputs {
-        let rows: u64 = input.runs.base.iter().map(|b| b.span.rows).sum::<u64>()
-            + input
-                .runs
-                .deltas
-                .iter()
-                .map(|(_, d)| d.span.rows)
-                .sum::<u64>();
+        let rows = input.rows();
         if !job.is_empty() && (job[0].table != input.table || job_rows + rows > JOB_ROWS) {
             if stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -178,10 +217,21 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     let desc = shared.read()?.table(&table)?.desc.clone();
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
-        let mut reader = MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?;
         writer.begin_run(input.vnode)?;
-        while let Some(batch) = reader.next_batch()? {
-            writer.write(&batch.batch, None::<&BooleanArray>)?;
+        match input.plan {
+            Plan::Full => {
+                let mut reader = MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?;
+                while let Some(batch) = reader.next_batch()? {
+                    writer.write(&batch.batch, None::<&BooleanArray>)?;
+                }
+            }
+            Plan::Deltas => {
+                let deltas = input.runs.delta_sources();
+                let mut reader = MergeReader::new(deltas, None, SEGMENT_ROWS)?.keeping_tombstones();
+                while let Some((batch, deleted)) = reader.next_with_tombstones()? {
+                    writer.write(&batch.batch, deleted.as_ref())?;
+                }
+            }
         }
         writer.end_run();
     }
@@ -223,14 +273,26 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
                     input.vnode
                 )));
             }
-            current.base = spans
+            let output = spans
                 .iter()
                 .find(|s| s.vnode == input.vnode)
                 .map(|span| DiskRun {
                     file: file.clone(),
                     span: *span,
                 });
-            current.deltas.drain(..merged);
+            match input.plan {
+                Plan::Full => {
+                    current.base = output;
+                    current.deltas.drain(..merged);
+                }
+                Plan::Deltas => {
+                    // The merged run stands at the newest merged delta's epoch.
+                    let epoch = input.runs.deltas.last().map_or(0, |(e, _)| *e);
+                    current
+                        .deltas
+                        .splice(..merged, output.map(|run| (epoch, run)));
+                }
+            }
         }
         for (name, t) in &state.tables {
             next.tables.insert(

@@ -60,9 +60,13 @@ pub struct DurableOptions {
     /// Bytes of uncommitted data kept in memory (sealed layers and write buffers) before
     /// layers are spilled to run files.
     pub memory_budget: usize,
-    /// Compact a vnode once it has this many committed delta runs (or earlier, once its
-    /// deltas hold a quarter of its base's rows).
+    /// Compact a vnode (rewrite its base) once it has this many committed delta runs (or
+    /// earlier, once its deltas hold a quarter of its base's rows).
     pub max_deltas: usize,
+    /// Merge a vnode's delta runs into one once it has this many (and no full compaction is
+    /// due). A scan holds one loaded block per run it reads, so this bounds its memory
+    /// without rewriting the base. At least 2.
+    pub merge_deltas: usize,
     /// When compaction runs.
     pub compaction: Compaction,
     /// Bytes of decoded blocks kept for re-reads (a backfill re-opens its scans at every
@@ -88,6 +92,7 @@ impl Default for DurableOptions {
         Self {
             memory_budget: 256 << 20,
             max_deltas: 24,
+            merge_deltas: 8,
             compaction: Compaction::Background,
             block_cache: 64 << 20,
         }
@@ -189,10 +194,16 @@ impl VnodeRuns {
         if let Some(base) = &self.base {
             sources.push(Box::new(base.clone()));
         }
-        for (_, delta) in &self.deltas {
-            sources.push(Box::new(delta.clone()));
-        }
+        sources.extend(self.delta_sources());
         sources
+    }
+
+    /// The committed deltas alone, oldest first.
+    fn delta_sources(&self) -> Vec<Box<dyn RunList>> {
+        self.deltas
+            .iter()
+            .map(|(_, delta)| Box::new(delta.clone()) as Box<dyn RunList>)
+            .collect()
     }
 }
 
@@ -818,7 +829,7 @@ impl StateStore for DurableStore {
             Compaction::Background => self.wake_compactor(),
             Compaction::Inline => compaction::compact_all(
                 &self.shared,
-                self.shared.options.max_deltas,
+                compaction::Policy::of(&self.shared.options),
                 &std::sync::atomic::AtomicBool::new(false),
             )?,
             Compaction::Manual => {}
@@ -832,7 +843,11 @@ impl StateStore for DurableStore {
 
     /// Compacts every vnode with committed deltas now, on this thread.
     fn compact(&self) -> Result<()> {
-        compaction::compact_all(&self.shared, 1, &std::sync::atomic::AtomicBool::new(false))
+        compaction::compact_all(
+            &self.shared,
+            compaction::Policy::EVERYTHING,
+            &std::sync::atomic::AtomicBool::new(false),
+        )
     }
 
     fn meta(&self, key: &str) -> Result<Option<String>> {
