@@ -474,38 +474,77 @@ fn large_vnode<S: StateStore>(store: S) {
     assert!(rows.contains(&(60_000, "v1".into())));
 }
 
+/// Options under which a vnode's deltas are merged after 3, and its base never rewritten.
+fn merging_options() -> DurableOptions {
+    DurableOptions {
+        memory_budget: 1 << 20,
+        max_deltas: 1000,
+        merge_deltas: 3,
+        compaction: arrangement_backfill::store::Compaction::Inline,
+        block_cache: 1 << 20,
+    }
+}
+
+/// Epoch 1 loads `base_rows` rows; epochs 2..=`last` delete and update base rows, insert new
+/// keys, and insert again a key deleted the epoch before.
+fn merging_epochs(base_rows: i64, last: u64) -> Vec<Vec<Change>> {
+    let mut epochs = vec![(0..base_rows).map(|k| (k * 2, 0, (k % 5) as u8)).collect()];
+    for epoch in 2..=last {
+        let e = epoch as i64;
+        epochs.push(vec![
+            (e * 10, 1, 0),
+            (e * 10 + 2, 2, (e % 5) as u8),
+            (e * 10 + 1, 0, 1),
+            ((e - 1) * 10, 0, 4),
+            (base_rows * 2 + e, 0, 2),
+        ]);
+    }
+    epochs
+}
+
+/// The model's rows after each epoch (index 0: before epoch 1).
+fn merging_models(epochs: &[Vec<Change>]) -> Vec<Vec<(i64, String)>> {
+    let mut model = Rows::new();
+    let mut out = vec![Vec::new()];
+    for changes in epochs {
+        apply(&mut model, &delta_of(changes));
+        out.push(model.iter().map(|(k, v)| (*k, v.clone())).collect());
+    }
+    out
+}
+
+/// Writes and commits `epochs` (epoch i + 1 is `epochs[i]`) through `io`; after each commit,
+/// `check(epoch, table)`. Returns the last epoch whose commit returned, or the first error
+/// with the epoch being committed.
+fn run_merging(
+    dir: &std::path::Path,
+    io: Arc<dyn arrangement_backfill::store::io::StorageIo>,
+    epochs: &[Vec<Change>],
+    mut check: impl FnMut(u64, &<DurableStore as StateStore>::Table),
+) -> Result<u64, (u64, arrangement_backfill::Error)> {
+    let store = DurableStore::open_with(dir, io, merging_options()).map_err(|e| (0, e))?;
+    let desc = store.create_table(desc(1)).map_err(|e| (0, e))?;
+    let mut writer = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .map_err(|e| (0, e))?;
+    for (i, changes) in epochs.iter().enumerate() {
+        let epoch = i as u64 + 1;
+        writer.write(&chunk_of(changes)).map_err(|e| (epoch, e))?;
+        writer.seal(epoch).map_err(|e| (epoch, e))?;
+        store.commit(epoch).map_err(|e| (epoch, e))?;
+        check(epoch, &writer);
+    }
+    Ok(epochs.len() as u64)
+}
+
 /// A large base and many small epochs: the deltas are merged into one delta run again and
 /// again (tombstones of base rows kept) without a full compaction, and every read, before
 /// and after a reopen, equals the model.
 #[test]
 fn merged_deltas_keep_deleting_base_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let options = DurableOptions {
-        memory_budget: 1 << 20,
-        max_deltas: 1000,
-        merge_deltas: 3,
-        compaction: arrangement_backfill::store::Compaction::Inline,
-        block_cache: 1 << 20,
-    };
-    let open = || {
-        DurableStore::open_with(
-            dir.path(),
-            arrangement_backfill::store::io::RealIo::shared(),
-            options.clone(),
-        )
-        .unwrap()
-    };
-    let store = open();
-    let desc = store.create_table(desc(1)).unwrap();
-    let all = VnodeBitmap::full(desc.vnode_count());
-    let mut writer = store.table("t", all.clone()).unwrap();
-    let n = 20_000i64;
-    let mut model = Rows::new();
-    let base: Vec<Change> = (0..n).map(|k| (k * 2, 0, (k % 5) as u8)).collect();
-    writer.write(&chunk_of(&base)).unwrap();
-    apply(&mut model, &delta_of(&base));
-    writer.seal(1).unwrap();
-    store.commit(1).unwrap();
+    let epochs = merging_epochs(20_000, 20);
+    let models = merging_models(&epochs);
     let files = |dir: &std::path::Path| {
         std::fs::read_dir(dir)
             .unwrap()
@@ -518,40 +557,73 @@ fn merged_deltas_keep_deleting_base_rows() {
             })
             .count()
     };
-    for epoch in 2..=20u64 {
-        let e = epoch as i64;
-        // Deletes and updates of base rows, inserts of new keys, and a key deleted in one
-        // epoch and inserted again in the next.
-        let changes: Vec<Change> = vec![
-            (e * 100, 1, 0),
-            (e * 100 + 2, 2, (e % 5) as u8),
-            (e * 100 + 1, 0, 1),
-            ((e - 1) * 100, 0, 4),
-            (n * 2 + e, 0, 2),
-        ];
-        writer.write(&chunk_of(&changes)).unwrap();
-        apply(&mut model, &delta_of(&changes));
-        writer.seal(epoch).unwrap();
-        store.commit(epoch).unwrap();
-        let want: Vec<(i64, String)> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
-        assert_eq!(
-            scan_all(&writer, VirtualNode::ZERO, None, epoch, 4096),
-            want
-        );
-        // The base's file, at most one merged delta and fewer than three fresh ones.
-        assert!(
-            files(dir.path()) <= 4,
-            "epoch {epoch}: {} files",
-            files(dir.path())
-        );
-    }
-    drop((writer, store));
-    let store = open();
-    let reader = store.table("t", all).unwrap();
-    let want: Vec<(i64, String)> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
-    assert_eq!(scan_all(&reader, VirtualNode::ZERO, None, 20, 1000), want);
+    let io = arrangement_backfill::store::io::RealIo::shared();
+    run_merging(dir.path(), io.clone(), &epochs, |epoch, table| {
+        let want = &models[epoch as usize];
+        assert_eq!(&scan_all(table, VirtualNode::ZERO, None, epoch, 4096), want);
+        if epoch > 1 {
+            // The base's file, at most one merged delta and fewer than three fresh ones.
+            assert!(
+                files(dir.path()) <= 4,
+                "epoch {epoch}: {} files",
+                files(dir.path())
+            );
+        }
+    })
+    .unwrap();
+    let store = DurableStore::open_with(dir.path(), io, merging_options()).unwrap();
+    let reader = store
+        .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+        .unwrap();
+    let want = &models[20];
+    assert_eq!(&scan_all(&reader, VirtualNode::ZERO, None, 20, 1000), want);
+    let after = want.partition_point(|(k, _)| *k <= 1000);
     assert_eq!(
         scan_all(&reader, VirtualNode::ZERO, Some(1000), 20, 7),
-        want[want.partition_point(|(k, _)| *k <= 1000)..]
+        want[after..]
     );
+}
+
+/// A crash (with unsynced bytes lost) at every I/O operation of the merging scenario: the
+/// reopened store holds exactly the model of the last committed epoch, which is the last
+/// commit that returned or the one under way.
+#[test]
+fn a_crash_during_delta_merges_reopens_to_a_committed_epoch() {
+    use arrangement_backfill::store::io::{Fault, FaultyIo, RealIo};
+    let epochs = merging_epochs(2_000, 9);
+    let models = merging_models(&epochs);
+    let counter = Arc::new(FaultyIo::new(RealIo::shared(), None, Fault::Crash));
+    let clean = tempfile::tempdir().unwrap();
+    run_merging(clean.path(), counter.clone(), &epochs, |_, _| {}).unwrap();
+    let total = counter.operations();
+    assert!(total > 40, "only {total} operations");
+    for n in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let faulty = Arc::new(FaultyIo::new(RealIo::shared(), Some(n), Fault::Crash));
+        let mut last_ok = 0;
+        let attempted = match run_merging(dir.path(), faulty.clone(), &epochs, |e, _| last_ok = e) {
+            // A failed removal of an obsolete file is absorbed (the next open removes it).
+            Ok(last) => last,
+            Err((epoch, _)) => epoch,
+        };
+        faulty.lose_unsynced().unwrap();
+        drop(faulty);
+        let store =
+            DurableStore::open_with(dir.path(), RealIo::shared(), merging_options()).unwrap();
+        let committed = store.committed_epoch().unwrap().unwrap_or(0);
+        assert!(
+            committed == last_ok || committed == attempted,
+            "crash at operation {n}: committed {committed}, last returned {last_ok}, attempted {attempted}"
+        );
+        if committed > 0 {
+            let reader = store
+                .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+                .unwrap();
+            assert_eq!(
+                scan_all(&reader, VirtualNode::ZERO, None, committed, 512),
+                models[committed as usize],
+                "crash at operation {n}, epoch {committed}"
+            );
+        }
+    }
 }
