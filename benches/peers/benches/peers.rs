@@ -29,7 +29,7 @@ fn rows() -> usize {
 }
 
 fn label(rows: usize) -> String {
-    if rows % 1_000_000 == 0 {
+    if rows.is_multiple_of(1_000_000) {
         format!("{}M", rows / 1_000_000)
     } else {
         format!("{}k", rows / 1000)

@@ -15,11 +15,11 @@
 //! [`tests`](#tests) check that the mergers agree row for row.
 //!
 //! What each driver measures:
-//! - [`datafusion_merge`]: `StreamingMergeBuilder` (the merge inside
-//!   `SortPreservingMergeExec`, without its one tokio task per input) over one in-memory
-//!   stream per vnode, output batches of [`BATCH`] rows, on a current-thread runtime. It
-//!   compares native values for a one-column key and encodes `arrow-row` rows for a composite
-//!   key, inside the merge.
+//! - [`datafusion_merge`]: `StreamingMergeBuilder`, the merge `SortPreservingMergeExec` runs,
+//!   over one in-memory stream per vnode, output batches of [`BATCH`] rows, on a current-thread
+//!   runtime (where the operator's `spawn_buffered` of each input is a pass-through, so this is
+//!   what the operator does). It compares native values for a one-column key and encodes
+//!   `arrow-row` rows for a composite key, inside the merge.
 //! - [`kway_merge`]: our `KWayMerge` over the same batches with their encoded keys, as the store
 //!   hands them out (key encoding not measured); [`kway_merge_encoding`] encodes the keys in
 //!   the scan, as DataFusion has to.
