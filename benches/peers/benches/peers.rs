@@ -7,15 +7,15 @@
 //! - `kway`: our `KWayMerge`, keys pre-encoded (as the store hands them out);
 //! - `kway_encoding`: our `KWayMerge`, encoding keys in the scan (as DataFusion must);
 //! - `copy`: `concat_batches` of every input batch (the memory-bandwidth floor);
-//! - `full4` only: `backfill_merged` and `backfill_unordered`, the snapshot side of a backfill
+//! - `full4` only: `backfill_merged` and `backfill_per_vnode`, the snapshot side of a backfill
 //!   over the store the inputs were scanned from (the issue-4 kernel targets: merged at least
-//!   3x `datafusion`, unordered at least 0.5x `copy`).
+//!   3x `datafusion`, per vnode (unordered) at least 0.5x `copy`).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arrangement_backfill::backfill::executor::SnapshotOrder;
+use arrangement_backfill::SnapshotOrder;
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use peers::{Case, Inputs, backfill, copy, datafusion_merge, kway_merge, kway_merge_encoding};
 
@@ -69,7 +69,7 @@ fn peers(c: &mut Criterion) {
             if case == Case::Full4 {
                 for (name, order) in [
                     ("backfill_merged", SnapshotOrder::Merged),
-                    ("backfill_unordered", SnapshotOrder::Unordered),
+                    ("backfill_per_vnode", SnapshotOrder::PerVnode),
                 ] {
                     group.bench_function(name, |b| {
                         b.iter(|| {

@@ -6,7 +6,7 @@
 //!  table (rows, fixed seed) --load--> MemoryStore --scan each vnode--> per-vnode sorted
 //!                                        |                            KeyedBatches (1024 rows)
 //!                                        |                              |   |   |
-//!                       backfill executor (merged/unordered)   kway   datafusion   copy
+//!                       backfill executor (merged/per vnode)   kway   datafusion   copy
 //! ```
 //!
 //! The inputs come from the store, so they are split and ordered exactly as the backfill sees
@@ -27,17 +27,19 @@
 //!   written once, the memory-bandwidth floor of any merge.
 //! - [`backfill`]: the whole snapshot side of a backfill (`BackfillExecutor::arrangement`) over
 //!   the loaded store: per-vnode scans, merge or round robin, progress, output chunks.
+//!
+//! The library items used: the crate-root re-exports above, and `merge::{KWayMerge,
+//! SnapshotMerger}` and `store::{KeyedBatch, SnapshotScan}`; no `testing` feature.
 
 use std::sync::Arc;
 
-use arrangement_backfill::Result;
-use arrangement_backfill::backfill::executor::{BackfillConfig, BackfillExecutor, SnapshotOrder};
-use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, StreamChunk};
-use arrangement_backfill::key::{KeyColumn, PrimaryKey};
 use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
-use arrangement_backfill::store::{KeyedBatch, MemoryStore, SnapshotScan, StateStore, StateTable};
-use arrangement_backfill::table::TableDesc;
-use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
+use arrangement_backfill::store::{KeyedBatch, SnapshotScan};
+use arrangement_backfill::{
+    BackfillConfig, BackfillExecutor, Barrier, BarrierKind, EpochPair, KeyColumn, MemoryStore,
+    Message, PrimaryKey, Result, SnapshotOrder, StateStore, StateTable, StreamChunk, TableDesc,
+    VirtualNode, VnodeBitmap, VnodeCount,
+};
 use arrow_array::{Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
 use arrow_select::concat::concat_batches;
@@ -403,7 +405,7 @@ mod tests {
     fn backfill_emits_every_row() {
         let runtime = runtime();
         let inputs = Inputs::new(Case::Full4, 256, 20_000, 7).unwrap();
-        for (run, order) in [SnapshotOrder::Merged, SnapshotOrder::Unordered]
+        for (run, order) in [SnapshotOrder::Merged, SnapshotOrder::PerVnode]
             .into_iter()
             .enumerate()
         {
