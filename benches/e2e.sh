@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# End-to-end benchmark: `backfill replay` of TPC-H lineitem against a DuckDB copy of the same
+# rows, in one run, on this machine.
+#
+#   benches/e2e.sh [--scale S] [--runs N] [--work DIR] [--threads T] [--timer auto|hyperfine|bash]
+#                  [-- EXTRA REPLAY ARGS]
+#
+# 1. builds the release `backfill` binary (cargo, from this repository);
+# 2. generates lineitem at scale S into DIR/lineitem-S (kept and reused by later runs);
+# 3. times, N runs each (--timer auto: hyperfine if installed, else bash's clock):
+#    - DuckDB (Python package, installed with pip if missing, T threads):
+#      COPY (snapshot UNION ALL changes, without _epoch/_op) TO one zstd Parquet file;
+#    - `backfill replay` with the defaults (merged order, durable, checkpoint every epoch);
+#    - `backfill replay --order vnode`;
+#    every replay with `--fresh` (a replay is durable and resumes otherwise);
+# 4. runs `backfill verify` on both replay outputs;
+# 5. prints wall times and ratios against the DuckDB copy, with the machine's load.
+#
+# Defaults: --scale 1, --runs 1, --work target/e2e, --threads 2, --timer auto. Scale 1 is
+# 6.0M snapshot rows and 1.2M changes; it needs a few GB of disk under DIR and takes minutes.
+set -euo pipefail
+
+scale=1
+runs=1
+threads=2
+timer=auto
+root="$(cd "$(dirname "$0")/.." && pwd)"
+work="$root/target/e2e"
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --scale) scale="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --work) work="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --timer) timer="$2"; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "e2e: $*" >&2; }
+
+# 1. The binary.
+log "building the release binary"
+(cd "$root" && cargo build --release --quiet --bin backfill)
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+backfill="$target_dir/release/backfill"
+
+# DuckDB, from PyPI if missing.
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import duckdb' 2>/dev/null; then
+  log "installing the duckdb Python package"
+  "$python" -m pip install --quiet duckdb
+fi
+duckdb_version="$("$python" -c 'import duckdb; print(duckdb.__version__)')"
+
+# 2. The dataset.
+mkdir -p "$work"
+work="$(cd "$work" && pwd)"
+dataset="$work/lineitem-$scale"
+if [[ ! -f "$dataset/dataset.json" ]]; then
+  rm -rf "$dataset"
+  log "generating lineitem at scale $scale"
+  "$backfill" gen tpch-lineitem --scale "$scale" --out "$dataset"
+fi
+
+# 3. The timed commands.
+cat >"$work/duckdb_copy.py" <<'EOF'
+import sys
+
+import duckdb
+
+dataset, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+con = duckdb.connect()
+con.execute(f"SET threads = {threads}")
+con.execute(
+    f"""COPY (
+        SELECT * FROM read_parquet('{dataset}/snapshot/*.parquet')
+        UNION ALL
+        SELECT * EXCLUDE (_epoch, _op) FROM read_parquet('{dataset}/changes/*.parquet')
+    ) TO '{out}' (FORMAT parquet, COMPRESSION zstd)"""
+)
+EOF
+names=("duckdb copy ($threads threads)" "replay (defaults: merged)" "replay --order vnode")
+quoted_extra=""
+if [[ ${#extra[@]} -gt 0 ]]; then quoted_extra="$(printf ' %q' "${extra[@]}")"; fi
+q() { printf '%q' "$1"; }
+commands=(
+  "$(q "$python") $(q "$work/duckdb_copy.py") $(q "$dataset") $(q "$work/duckdb.parquet") $threads"
+  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/merged") --fresh --progress none$quoted_extra"
+  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/vnode") --order vnode --fresh --progress none$quoted_extra"
+)
+
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
+declare -a seconds
+if [[ "$timer" == auto ]]; then
+  if command -v hyperfine >/dev/null 2>&1; then timer=hyperfine; else timer=bash; fi
+fi
+if [[ "$timer" == hyperfine ]]; then
+  log "timing with hyperfine ($runs runs each)"
+  hyperfine --runs "$runs" --export-json "$work/times.json" --style basic \
+    -n "${names[0]}" "${commands[0]}" \
+    -n "${names[1]}" "${commands[1]}" \
+    -n "${names[2]}" "${commands[2]}" >&2
+  mapfile -t seconds < <("$python" -c '
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    print(r["mean"])' "$work/times.json")
+else
+  log "timing with bash ($runs runs each; apt-get install hyperfine for statistics)"
+  for i in "${!commands[@]}"; do
+    total=0
+    for ((r = 0; r < runs; r++)); do
+      log "${names[$i]}, run $((r + 1)) of $runs"
+      start=$(date +%s.%N)
+      bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
+        cat "$work/run-$i.log" >&2
+        exit 1
+      }
+      end=$(date +%s.%N)
+      total=$(awk -v t="$total" -v a="$start" -v b="$end" 'BEGIN { print t + b - a }')
+    done
+    seconds[$i]=$(awk -v t="$total" -v n="$runs" 'BEGIN { print t / n }')
+  done
+fi
+load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# 4. Verify the replays.
+verdict=()
+for out in merged vnode; do
+  if "$backfill" verify "$dataset" "$work/$out" >"$work/verify-$out.log" 2>&1; then
+    verdict+=("verified")
+  else
+    verdict+=("VERIFY FAILED (see $work/verify-$out.log)")
+  fi
+done
+
+# 5. The table.
+rows="$("$python" -c '
+import duckdb, sys
+d = sys.argv[1]
+con = duckdb.connect()
+count = lambda part: con.execute(
+    f"SELECT count(*) FROM read_parquet(\x27{d}/{part}/*.parquet\x27)"
+).fetchall()[0][0]
+s, c = count("snapshot"), count("changes")
+print(f"{s} snapshot rows + {c} changes")' "$dataset")"
+echo
+echo "lineitem scale $scale: $rows; $runs run(s) each; $(nproc) cores;" \
+  "load average before $load_before, after $load_after"
+echo "duckdb $duckdb_version; backfill $("$backfill" --version | cut -d' ' -f2)" \
+  "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || true)"
+if [[ ${#extra[@]} -gt 0 ]]; then echo "extra replay arguments:${quoted_extra}"; fi
+echo
+echo "| what | wall time | vs DuckDB copy | output |"
+echo "|---|---|---|---|"
+base="${seconds[0]}"
+notes=("-" "${verdict[0]}" "${verdict[1]}")
+for i in "${!names[@]}"; do
+  printf '| %s | %.1f s | %.2fx | %s |\n' "${names[$i]}" "${seconds[$i]}" \
+    "$(awk -v s="${seconds[$i]}" -v b="$base" 'BEGIN { print s / b }')" "${notes[$i]}"
+done
+for v in "${verdict[@]}"; do [[ "$v" == verified ]] || exit 1; done
