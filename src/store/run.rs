@@ -402,20 +402,31 @@ impl MergeReader {
 type Piece = (Arc<Run>, usize, usize);
 
 /// One batch of the pieces' rows: a zero-copy slice for one piece, a copy for several.
+///
+/// The copy gathers rows with one `interleave` per column: its cost follows the rows, where
+/// concatenating slices costs a slice per piece per column, and a base read through sparse
+/// deltas alternates pieces of a few rows.
 fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
     match pieces {
         [] => Ok(None),
         [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
         _ => {
-            let slices: Vec<KeyedBatch> = pieces
-                .iter()
-                .map(|(run, start, len)| run.data.slice(*start, *len))
-                .collect();
-            let schema = slices[0].batch.schema();
-            let batch =
-                arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
-            let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
-            let keys = arrow_select::concat::concat(&keys)?
+            let mut runs: Vec<&Arc<Run>> = Vec::new();
+            let mut indices = Vec::with_capacity(pieces.iter().map(|(_, _, len)| len).sum());
+            for (run, start, len) in pieces {
+                let source = match runs.iter().position(|r| Arc::ptr_eq(r, run)) {
+                    Some(i) => i,
+                    None => {
+                        runs.push(run);
+                        runs.len() - 1
+                    }
+                };
+                indices.extend((*start..start + len).map(|row| (source, row)));
+            }
+            let batches: Vec<&RecordBatch> = runs.iter().map(|r| &r.data.batch).collect();
+            let batch = arrow_select::interleave::interleave_record_batch(&batches, &indices)?;
+            let keys: Vec<&dyn Array> = runs.iter().map(|r| &r.data.keys as &dyn Array).collect();
+            let keys = arrow_select::interleave::interleave(&keys, &indices)?
                 .as_binary::<i32>()
                 .clone();
             Ok(Some(KeyedBatch { batch, keys }))
