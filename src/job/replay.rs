@@ -631,7 +631,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             };
             let Some(message) = message else { break };
             match message? {
-                Message::Chunk(chunk) => sink.push(open_epoch, chunk),
+                Message::Chunk(chunk) => sink.push(open_epoch, chunk)?,
                 Message::Watermark(_) => {}
                 Message::Barrier(barrier) => {
                     summary.epochs += 1;

@@ -21,9 +21,17 @@
 //! first: a crash during it leaves a prefix of the old output, never a set with gaps.
 //! Checkpoints without changes write no file. All file operations go through the store's
 //! [`StorageIo`] seam, so fault-injection tests reach them too.
+//!
+//! Encoding (the changelog layout, Parquet, zstd) runs on the sink's own thread as chunks
+//! arrive, into memory: `prepare` waits for the epoch's last chunk to be encoded, then writes
+//! the bytes and fsyncs. The backfill never waits on zstd, only on a full queue of chunks
+//! (so a slow encoder slows the backfill instead of growing a queue), and the file
+//! operations stay on the caller's thread, in the protocol's order.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
@@ -31,7 +39,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::chunk::{StreamChunk, changelog_schema};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::store::io::{StorageIo, named};
 
 /// The output file name of a checkpoint epoch.
@@ -76,13 +84,112 @@ pub struct Recovery {
     pub kept: u64,
 }
 
+/// Chunks queued for the encoder before `push` blocks.
+const QUEUE_CHUNKS: usize = 64;
+
+/// What the encoder thread is asked to do.
+enum Job {
+    /// Encode a chunk emitted in an epoch into the current file.
+    Chunk(u64, StreamChunk),
+    /// Finish the current file and hand over its bytes and rows.
+    Finish(SyncSender<Result<(Vec<u8>, u64)>>),
+}
+
+/// The encoder thread: chunks in, one finished Parquet file in memory per `Finish`.
+#[derive(Debug)]
+struct Encoder {
+    tx: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Encoder {
+    fn start(schema: SchemaRef) -> Result<Self> {
+        let (tx, rx) = sync_channel::<Job>(QUEUE_CHUNKS);
+        let thread = std::thread::Builder::new()
+            .name("backfill-sink".into())
+            .spawn(move || encode_loop(&schema, &rx))
+            .map_err(Error::Io)?;
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        self.tx
+            .as_ref()
+            .and_then(|tx| tx.send(job).ok())
+            .ok_or_else(|| internal!("the sink's encoder thread stopped"))
+    }
+}
+
+impl Drop for Encoder {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Encodes chunks until the sender goes; the first error of a file is its `Finish` answer.
+fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
+    let mut writer: Option<ArrowWriter<Vec<u8>>> = None;
+    let mut rows = 0u64;
+    let mut failed: Option<Error> = None;
+    for job in rx {
+        match job {
+            Job::Chunk(epoch, chunk) => {
+                if failed.is_some() {
+                    continue;
+                }
+                let encoded = (|| -> Result<()> {
+                    let batch = chunk.to_changelog(Some(epoch))?;
+                    let writer = match &mut writer {
+                        Some(w) => w,
+                        None => writer.insert(new_writer(schema)?),
+                    };
+                    writer.write(&batch)?;
+                    Ok(())
+                })();
+                match encoded {
+                    Ok(()) => rows += chunk.num_rows() as u64,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            Job::Finish(reply) => {
+                let result = match (failed.take(), writer.take()) {
+                    (Some(e), _) => Err(e),
+                    (None, Some(w)) => w.into_inner().map_err(Error::from),
+                    (None, None) => Ok(Vec::new()),
+                };
+                let _ = reply.send(result.map(|bytes| (bytes, rows)));
+                rows = 0;
+            }
+        }
+    }
+}
+
+fn new_writer(schema: &SchemaRef) -> Result<ArrowWriter<Vec<u8>>> {
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_coerce_types(true) // Date64 as a Parquet DATE, so every reader sees a date.
+        .build();
+    Ok(ArrowWriter::try_new(
+        Vec::new(),
+        Arc::clone(schema),
+        Some(props),
+    )?)
+}
+
 /// Writes the downstream changelog as Parquet files, one per checkpoint.
 #[derive(Debug)]
 pub struct ParquetSink {
     io: Arc<dyn StorageIo>,
     dir: PathBuf,
-    schema: SchemaRef,
-    pending: Vec<(u64, StreamChunk)>,
+    encoder: Encoder,
+    /// Whether chunks went to the encoder since the last `prepare`.
+    pending: bool,
     rows_published: u64,
     files_published: u64,
     #[cfg_attr(
@@ -151,8 +258,8 @@ impl ParquetSink {
         Ok(Self {
             io,
             dir,
-            schema: changelog_schema(table_schema, true),
-            pending: Vec::new(),
+            encoder: Encoder::start(changelog_schema(table_schema, true))?,
+            pending: false,
             rows_published: 0,
             files_published: 0,
             recovery: Recovery {
@@ -169,22 +276,31 @@ impl ParquetSink {
         self.recovery
     }
 
-    /// Buffers a downstream chunk emitted in `epoch`.
-    pub fn push(&mut self, epoch: u64, chunk: StreamChunk) {
+    /// Queues a downstream chunk emitted in `epoch` for encoding; blocks while the queue is
+    /// full.
+    pub fn push(&mut self, epoch: u64, chunk: StreamChunk) -> Result<()> {
         if !chunk.is_empty() {
-            self.pending.push((epoch, chunk));
+            self.encoder.send(Job::Chunk(epoch, chunk))?;
+            self.pending = true;
         }
+        Ok(())
     }
 
     /// Phase one: writes and fsyncs the buffered changes as the (hidden) file of checkpoint
     /// `epoch`. `None` when there is nothing to write. On error the `.tmp` is removed.
     pub fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>> {
-        if self.pending.is_empty() {
+        if !self.pending {
             return Ok(None);
         }
+        self.pending = false;
         let path = self.dir.join(file_name(epoch));
         let tmp = self.dir.join(tmp_name(epoch));
-        let result = self.write_tmp(&tmp);
+        let (reply, answer) = sync_channel(1);
+        self.encoder.send(Job::Finish(reply))?;
+        let (bytes, rows) = answer
+            .recv()
+            .map_err(|_| internal!("the sink's encoder thread stopped"))??;
+        let result = self.write_tmp(&tmp, &bytes).map(|()| rows);
         match result {
             Ok(rows) => Ok(Some(Prepared { tmp, path, rows })),
             Err(e) => {
@@ -198,21 +314,11 @@ impl ParquetSink {
         }
     }
 
-    fn write_tmp(&mut self, tmp: &Path) -> Result<u64> {
-        let file = self.io.create(tmp)?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_coerce_types(true) // Date64 as a Parquet DATE, so every reader sees a date.
-            .build();
-        let mut writer = ArrowWriter::try_new(file, Arc::clone(&self.schema), Some(props))?;
-        let mut rows = 0;
-        for (chunk_epoch, chunk) in self.pending.drain(..) {
-            rows += chunk.num_rows() as u64;
-            writer.write(&chunk.to_changelog(Some(chunk_epoch))?)?;
-        }
-        let mut file = writer.into_inner()?;
+    fn write_tmp(&self, tmp: &Path, bytes: &[u8]) -> Result<()> {
+        let mut file = self.io.create(tmp)?;
+        file.write_all(bytes).map_err(|e| named(tmp, e))?;
         file.sync()?;
-        Ok(rows)
+        Ok(())
     }
 
     /// Phase two, after the store committed: makes the file visible.
@@ -267,8 +373,10 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
         assert!(sink.prepare(3).unwrap().is_none(), "nothing to write");
-        sink.push(2, StreamChunk::from_text(&schema(), "+ 1\n+ 2").unwrap());
-        sink.push(3, StreamChunk::from_text(&schema(), "- 1").unwrap());
+        sink.push(2, StreamChunk::from_text(&schema(), "+ 1\n+ 2").unwrap())
+            .unwrap();
+        sink.push(3, StreamChunk::from_text(&schema(), "- 1").unwrap())
+            .unwrap();
         let prepared = sink.prepare(3).unwrap().unwrap();
         let final_path = sink.dir().join(file_name(3));
         assert!(!final_path.exists());
