@@ -242,10 +242,15 @@ impl Source {
     }
 }
 
+/// A merged read's run lists and the key it starts after, before the first read.
+type Unopened = (Vec<Box<dyn RunList>>, Option<Vec<u8>>);
+
 /// A merged, sorted read of one vnode: base segments plus delta runs, newest wins.
 ///
 /// Memory: one loaded run per source, plus the batch being assembled.
 pub(crate) struct MergeReader {
+    /// The run lists and the start, until the first read positions them.
+    unopened: Option<Unopened>,
     sources: Vec<Source>,
     batch_size: usize,
     /// Whether winning tombstones are returned (merging deltas into a delta) or hidden.
@@ -255,14 +260,29 @@ pub(crate) struct MergeReader {
 impl MergeReader {
     /// `sources` are ordered oldest (the base) to newest; each is a list of runs whose key
     /// ranges follow each other. Reading starts strictly after `after`; runs that end at or
-    /// before it are never loaded.
+    /// before it are never loaded. Nothing is loaded before the first read: a backfill opens
+    /// a scan per unfinished vnode at every barrier and may read a few of them.
     pub fn new(
         sources: Vec<Box<dyn RunList>>,
         after: Option<&[u8]>,
         batch_size: usize,
     ) -> Result<Self> {
-        let mut out = Vec::with_capacity(sources.len());
-        for list in sources {
+        Ok(Self {
+            unopened: Some((sources, after.map(<[u8]>::to_vec))),
+            sources: Vec::new(),
+            batch_size: batch_size.max(1),
+            keep_tombstones: false,
+        })
+    }
+
+    /// Positions every source at its first row after the start, loading that run.
+    fn open(&mut self) -> Result<()> {
+        let Some((lists, after)) = self.unopened.take() else {
+            return Ok(());
+        };
+        let after = after.as_deref();
+        self.sources.reserve(lists.len());
+        for list in lists {
             // Skip whole runs that end at or before `after`, then position within the first.
             let first = match after {
                 None => 0,
@@ -283,13 +303,9 @@ impl MergeReader {
                 row,
             };
             source.settle()?;
-            out.push(source);
+            self.sources.push(source);
         }
-        Ok(Self {
-            sources: out,
-            batch_size: batch_size.max(1),
-            keep_tombstones: false,
-        })
+        Ok(())
     }
 
     /// Returns winning tombstones too (see [`Self::next_with_tombstones`]): for merging delta
@@ -335,6 +351,7 @@ impl MergeReader {
 
     /// The row ranges of the next batch, in order.
     fn next_pieces(&mut self) -> Result<Vec<Piece>> {
+        self.open()?;
         let mut pieces: Vec<Piece> = Vec::new();
         let mut total = 0;
         while total < self.batch_size {
