@@ -415,18 +415,36 @@ impl MergeReader {
     }
 }
 
+/// Average rows per piece from which [`assemble`] concatenates instead of interleaving.
+const LONG_PIECE: usize = 32;
+
 /// A range of rows of a run: (run, start, len).
 type Piece = (Arc<Run>, usize, usize);
 
 /// One batch of the pieces' rows: a zero-copy slice for one piece, a copy for several.
 ///
-/// The copy gathers rows with one `interleave` per column: its cost follows the rows, where
-/// concatenating slices costs a slice per piece per column, and a base read through sparse
-/// deltas alternates pieces of a few rows.
+/// Long pieces are concatenated (a slice per piece per column); short ones, as a base read
+/// through dense deltas alternates, are gathered with one `interleave` per column, whose cost
+/// follows the rows instead of the pieces.
 fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
+    let rows: usize = pieces.iter().map(|(_, _, len)| len).sum();
     match pieces {
         [] => Ok(None),
         [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
+        _ if rows >= pieces.len() * LONG_PIECE => {
+            let slices: Vec<KeyedBatch> = pieces
+                .iter()
+                .map(|(run, start, len)| run.data.slice(*start, *len))
+                .collect();
+            let schema = slices[0].batch.schema();
+            let batch =
+                arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
+            let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
+            let keys = arrow_select::concat::concat(&keys)?
+                .as_binary::<i32>()
+                .clone();
+            Ok(Some(KeyedBatch { batch, keys }))
+        }
         _ => {
             let mut runs: Vec<&Arc<Run>> = Vec::new();
             let mut indices = Vec::with_capacity(pieces.iter().map(|(_, _, len)| len).sum());
