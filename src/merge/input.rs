@@ -15,7 +15,7 @@ use arrow_array::Array;
 use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result, internal};
-use crate::key::first_unordered;
+use crate::key::{Position, first_unordered};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -44,7 +44,20 @@ impl<S: SnapshotScan> MergeInput<S> {
         self.vnode
     }
 
+    /// Replaces the scan with `scan`, which yields the vnode's rows strictly after `after`
+    /// (the key of its last row handed out and emitted; `None` when none was). The order
+    /// check continues from `after`: rows read ahead of it and not emitted may come again.
+    pub fn restart(&mut self, scan: S, after: Option<&Position>) {
+        self.scan = Some(scan);
+        self.last_key.clear();
+        if let Some(after) = after {
+            self.last_key.extend_from_slice(after.as_bytes());
+        }
+        self.seen_rows = after.is_some();
+    }
+
     /// True once the scan returned `None`.
+    #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
         self.scan.is_none()
     }
