@@ -19,6 +19,14 @@
 //! second's worth of rows (at least one). Progress is published on a `tokio::sync::watch`
 //! channel.
 //!
+//! Snapshot scans live across epochs. The first barrier opens one scan per vnode still to
+//! read and a merger over them ([`KWayMerge`] or [`RoundRobin`]); a later barrier gives fresh
+//! scans, at its epoch, only to the vnodes whose buffered changes the filter dropped (rows
+//! beyond their position changed: [`Action::RestartScans`]), and every other vnode goes on
+//! with its scan and the rows it read ahead, which are still the snapshot at the new epoch.
+//! A barrier's cost follows the epoch's changes, not the vnode count; rows read ahead are
+//! not read again. Scans are opened afresh after a pause or a new rate limit.
+//!
 //! The store commits nothing by itself: whoever collects the checkpoint barrier from the
 //! output (the job, or a test) calls [`StateStore::commit`] with its `prev` epoch.
 //!

@@ -3,17 +3,16 @@
 //! The merge loop does not copy rows. Each input batch it receives goes into a *slot*; each
 //! winning row (or run of rows) is recorded as `(slot, row)` indices. [`OutputBuilder::build`]
 //! turns the recorded indices into one batch with `interleave` (per column; the encoded keys
-//! are interleaved too, or encoded afresh, see [`OutputKeys`]), then releases every slot that
-//! no cursor points into any more. When the
-//! whole output is one stretch of one batch (clustered keys), it is a zero-copy slice
-//! instead.
+//! are interleaved too, or encoded afresh, see [`OutputKeys`]) from the slots those rows use,
+//! then frees every slot that no cursor points into any more. When the whole output is one
+//! stretch of one batch (clustered keys), it is a zero-copy slice instead.
 //!
 //! ```text
 //!   slots                        indices                       output
-//!   0: in0 [a c e] (done)        (0,0) (1,0) (0,1) (1,1)       a b c d e
+//!   0: in0 [a c e] (retired)     (0,0) (1,0) (0,1) (1,1)       a b c d e
 //!   1: in1 [b d]   (current)     (0,2)                 --> interleave -->
 //!   2: in0 [g h]   (current)
-//!   after build: slot 0 is dropped (in0 moved on to slot 2), slots 1 and 2 are renumbered 0, 1
+//!   after build: slot 0 is freed (in0 moved on to slot 2); slots 1 and 2 keep their numbers
 //! ```
 //!
 //! A batch stays in a slot while it is its input's current batch. An input only gets a new
@@ -49,8 +48,11 @@ pub(crate) fn empty_batch(schema: Option<&SchemaRef>) -> KeyedBatch {
 /// One input batch referenced by the indices.
 #[derive(Debug)]
 struct Slot {
-    input: usize,
     batch: KeyedBatch,
+    /// The build in which the slot was last given a place in `used`.
+    generation: u64,
+    /// Its place in `used` (meaningful while `generation` is the current build's).
+    dense: usize,
 }
 
 /// What one input contributed to the output being built.
@@ -74,12 +76,26 @@ pub(crate) enum OutputKeys {
 }
 
 /// Collects `(slot, row)` indices and materializes them. See the module docs.
+///
+/// Every cost of a build is proportional to the rows and the batches of that output, never
+/// to the number of inputs: slots live in a slab with stable numbers (a free list, no
+/// renumbering), and a build interleaves only the slots its rows use.
 #[derive(Debug)]
 pub(crate) struct OutputBuilder {
     vnodes: Vec<VirtualNode>,
-    slots: Vec<Slot>,
+    /// The slab of slots; `None` is free.
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
     /// Per input: the slot of its current batch.
     current: Vec<Option<usize>>,
+    /// Slots that stopped being their input's current batch: rows of the output being built
+    /// may still point into them, so they are freed when it is built.
+    retired: Vec<usize>,
+    /// The slots the recorded rows use, in order of first use.
+    used: Vec<usize>,
+    /// Numbers the builds, for [`Slot::generation`].
+    generation: u64,
+    /// `(place in used, row)` of every recorded row.
     indices: Vec<(usize, usize)>,
     tallies: Vec<Tally>,
     /// Inputs with rows in the output being built, in order of their first row.
@@ -93,7 +109,11 @@ impl OutputBuilder {
         let k = vnodes.len();
         Self {
             slots: Vec::with_capacity(2 * k),
+            free: Vec::new(),
             current: vec![None; k],
+            retired: Vec::new(),
+            used: Vec::new(),
+            generation: 1,
             indices: Vec::with_capacity(batch_size),
             tallies: vec![Tally::default(); k],
             touched: Vec::new(),
@@ -104,13 +124,31 @@ impl OutputBuilder {
 
     /// Makes `batch` the current batch of `input`.
     pub fn push_batch(&mut self, input: usize, batch: KeyedBatch) {
-        self.current[input] = Some(self.slots.len());
-        self.slots.push(Slot { input, batch });
+        let slot = Slot {
+            batch,
+            generation: 0,
+            dense: 0,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id] = Some(slot);
+                id
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        };
+        if let Some(old) = self.current[input].replace(id) {
+            self.retired.push(old);
+        }
     }
 
-    /// Marks `input` as having no current batch (its scan is exhausted).
+    /// Marks `input` as having no current batch (its scan is exhausted or restarted).
     pub fn finish_input(&mut self, input: usize) {
-        self.current[input] = None;
+        if let Some(old) = self.current[input].take() {
+            self.retired.push(old);
+        }
     }
 
     /// Appends rows `start..start + n` (`n > 0`) of `input`'s current batch to the output.
@@ -118,18 +156,27 @@ impl OutputBuilder {
     // (`merge/256x1M/kway`: +6% inlined).
     #[inline(always)]
     pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
-        let slot = self.current[input]
+        let id = self.current[input]
             .ok_or_else(|| internal!("merge input {input} emitted a row with no batch"))?;
+        let slot = self.slots[id]
+            .as_mut()
+            .ok_or_else(|| internal!("merge input {input}'s current slot is free"))?;
+        if slot.generation != self.generation {
+            slot.generation = self.generation;
+            slot.dense = self.used.len();
+            self.used.push(id);
+        }
+        let dense = slot.dense;
         let tally = &mut self.tallies[input];
         if tally.rows == 0 {
             self.touched.push(input);
         }
         tally.rows += n;
         if n == 1 {
-            self.indices.push((slot, start));
+            self.indices.push((dense, start));
         } else {
             self.indices
-                .extend((start..start + n).map(|row| (slot, row)));
+                .extend((start..start + n).map(|row| (dense, row)));
         }
         tally.last_out_row = self.indices.len() - 1;
         Ok(())
@@ -137,15 +184,26 @@ impl OutputBuilder {
 
     /// When every recorded row is one contiguous stretch of one batch: its slot and first row.
     fn single_range(&self) -> Option<(usize, usize)> {
-        let (&(slot, start), &(last_slot, _)) = (self.indices.first()?, self.indices.last()?);
-        // One input, and its first and last rows in the same batch: an input's rows come in
-        // order and none is skipped, so every row in between is there too.
-        (self.touched.len() == 1 && slot == last_slot).then_some((slot, start))
+        let &(_, start) = self.indices.first()?;
+        // One batch, so one input: an input's rows come in order and none is skipped, so
+        // every row between the first and the last is there too.
+        match self.used.as_slice() {
+            [slot] => Some((*slot, start)),
+            _ => None,
+        }
     }
 
     /// Rows recorded for the output being built.
     pub fn len(&self) -> usize {
         self.indices.len()
+    }
+
+    /// The batch in slot `id`.
+    fn batch(&self, id: usize) -> Result<&KeyedBatch> {
+        self.slots[id]
+            .as_ref()
+            .map(|slot| &slot.batch)
+            .ok_or_else(|| internal!("merge output slot {id} is free"))
     }
 
     /// Materializes the recorded rows and each input's advance, then drops consumed batches.
@@ -161,7 +219,7 @@ impl OutputBuilder {
             return Ok((empty_batch(fallback), Vec::new()));
         }
         let KeyedBatch { batch, keys } = match self.single_range() {
-            Some((slot, start)) => self.slots[slot].batch.slice(start, self.indices.len()),
+            Some((slot, start)) => self.batch(slot)?.slice(start, self.indices.len()),
             None => self.interleave()?,
         };
         let progress = self
@@ -182,14 +240,19 @@ impl OutputBuilder {
         Ok((KeyedBatch { batch, keys }, progress))
     }
 
-    /// Gathers the recorded rows from the slots, column by column.
+    /// Gathers the recorded rows from the slots they use, column by column.
     fn interleave(&self) -> Result<KeyedBatch> {
-        let batches: Vec<&RecordBatch> = self.slots.iter().map(|s| &s.batch.batch).collect();
+        let used: Vec<&KeyedBatch> = self
+            .used
+            .iter()
+            .map(|&id| self.batch(id))
+            .collect::<Result<_>>()?;
+        let batches: Vec<&RecordBatch> = used.iter().map(|b| &b.batch).collect();
         let batch = interleave_record_batch(&batches, &self.indices)?;
         let keys = match &self.keys {
             OutputKeys::Encode(pk) => pk.encode(&batch)?,
             OutputKeys::Gather => {
-                let keys: Vec<&dyn Array> = self.slots.iter().map(|s| &s.batch.keys as _).collect();
+                let keys: Vec<&dyn Array> = used.iter().map(|b| &b.keys as _).collect();
                 let keys = interleave(&keys, &self.indices)?;
                 keys.as_binary_opt::<i32>()
                     .ok_or_else(|| internal!("interleaved keys are not binary"))?
@@ -199,25 +262,20 @@ impl OutputBuilder {
         Ok(KeyedBatch { batch, keys })
     }
 
-    /// Drops every slot that is not an input's current batch and renumbers the rest.
+    /// Ends a build: forgets which slots it used and frees the retired ones.
     fn release(&mut self) {
-        let (mut old, mut new) = (0, 0);
-        let current = &mut self.current;
-        self.slots.retain(|slot| {
-            let keep = current[slot.input] == Some(old);
-            if keep {
-                current[slot.input] = Some(new);
-                new += 1;
-            }
-            old += 1;
-            keep
-        });
+        self.used.clear();
+        self.generation += 1;
+        for id in self.retired.drain(..) {
+            self.slots[id] = None;
+            self.free.push(id);
+        }
     }
 
     /// Batches held (for tests of the release rule).
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.slots.len()
+        self.slots.iter().flatten().count()
     }
 }
 
@@ -295,7 +353,7 @@ mod tests {
         assert_eq!(ids(&out.batch), vec![103, 104, 105]);
         assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
         let ids_of = |b: &RecordBatch| b.column(1).as_primitive::<UInt64Type>().values().clone();
-        let source = &builder.slots[builder.current[0].unwrap()].batch.batch;
+        let source = &builder.batch(builder.current[0].unwrap()).unwrap().batch;
         assert_eq!(
             ids_of(&out.batch).as_ptr(),
             ids_of(source)[3..].as_ptr(),

@@ -1,9 +1,9 @@
 //! A cache of decoded blocks, bounded in bytes.
 //!
-//! A backfill reopens its per-vnode scans at every barrier, from each vnode's position: the
-//! block a scan stopped in is read again at the next epoch. Keeping recently decoded blocks
-//! makes those restarts cost a lookup instead of a read, a checksum, a decode and a key
-//! encoding. Eviction is first-in first-out: the working set (one block per source per
+//! A backfill restarts the scan of a vnode whose rows an epoch's changes touched, from the
+//! vnode's position: the block the old scan stopped in is read again. Keeping recently
+//! decoded blocks makes those restarts cost a lookup instead of a read, a checksum, a decode
+//! and a key encoding. Eviction is first-in first-out: the working set (one block per source per
 //! vnode) is revisited in a cycle, which FIFO handles as well as LRU at less cost.
 //!
 //! An evicted block that a reader still holds stays findable: the cache keeps a weak
