@@ -160,7 +160,7 @@ pub use backfill::{
 pub use chunk::{Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk, Watermark};
 pub use error::{Error, Result};
 pub use ffi::ChangelogReader;
-pub use job::BackfillJob;
+pub use job::{BackfillJob, JobControl, JobProgress, ParallelBackfill, VnodeMap};
 pub use key::{KeyColumn, Position, PrimaryKey};
 pub use store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
 pub use table::{Distribution, TableDesc};
