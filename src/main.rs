@@ -411,6 +411,12 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.epochs,
         s.checkpoints
     );
+    say!(
+        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales)",
+        s.actors.len(),
+        s.actors,
+        s.rescales
+    );
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }
 

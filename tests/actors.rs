@@ -70,15 +70,18 @@ impl Case {
     }
 }
 
+/// A table model.
+type Model = BTreeMap<Key, i64>;
+
 /// What the consumer shares with the producer.
 #[derive(Default)]
 struct Models {
     /// The downstream: every output change applied in order.
     d: BTreeMap<Key, i64>,
     /// Barriers sent and not yet seen at the output, with the upstream as of each.
-    in_flight: VecDeque<(EpochPair, bool, BTreeMap<Key, i64>)>,
+    in_flight: VecDeque<(EpochPair, bool, Model)>,
     /// The last committed checkpoint: epoch, upstream, downstream.
-    committed: Option<(u64, BTreeMap<Key, i64>, BTreeMap<Key, i64>)>,
+    committed: Option<(u64, Model, Model)>,
     last_progress: Option<ProgressMap>,
 }
 

@@ -164,22 +164,14 @@ impl AlignedMerge {
             if input.barrier.is_some() || input.ended {
                 continue;
             }
-            loop {
-                match input.rx.poll_next_unpin(cx) {
-                    Poll::Pending => break,
-                    Poll::Ready(None) => {
-                        input.ended = true;
-                        break;
-                    }
-                    Poll::Ready(Some(Err(e))) => return self.fail(e),
-                    Poll::Ready(Some(Ok(Message::Barrier(barrier)))) => {
-                        input.barrier = Some(barrier);
-                        break;
-                    }
-                    Poll::Ready(Some(Ok(message))) => {
-                        self.next = (i + 1) % n;
-                        return Poll::Ready(Some(Ok(message)));
-                    }
+            match input.rx.poll_next_unpin(cx) {
+                Poll::Pending => {}
+                Poll::Ready(None) => input.ended = true,
+                Poll::Ready(Some(Err(e))) => return self.fail(e),
+                Poll::Ready(Some(Ok(Message::Barrier(barrier)))) => input.barrier = Some(barrier),
+                Poll::Ready(Some(Ok(message))) => {
+                    self.next = (i + 1) % n;
+                    return Poll::Ready(Some(Ok(message)));
                 }
             }
         }

@@ -211,6 +211,10 @@ pub struct ReplaySummary {
     pub changes_already_applied: u64,
     /// The job had finished before this run: nothing was done.
     pub already_finished: bool,
+    /// Vnodes of each actor at the end.
+    pub actors: Vec<usize>,
+    /// Online rescales this run went through.
+    pub rescales: u64,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -547,6 +551,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             resumed_from: record.map(|(epoch, _, _)| epoch),
             changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
             already_finished: record.is_some_and(|(_, _, finished)| finished),
+            actors: Vec::new(),
+            rescales: 0,
         };
         if summary.already_finished {
             summary.elapsed = started.elapsed();
@@ -643,6 +649,11 @@ impl<'a, S: StateStore> Job<'a, S> {
         summary.upstream_changes = total_applied - applied;
         summary.output_rows = sink.rows_published();
         summary.output_files = sink.files_published();
+        {
+            let job = runtime.progress().borrow().clone();
+            summary.actors = job.actors.iter().map(|a| a.vnodes).collect();
+            summary.rescales = job.rescales;
+        }
         summary.elapsed = started.elapsed();
         Ok(summary)
     }
