@@ -412,10 +412,11 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.checkpoints
     );
     say!(
-        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales)",
+        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales, longest pause {:.1?})",
         s.actors.len(),
         s.actors,
-        s.rescales
+        s.rescales,
+        s.rescale_pause_max
     );
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }

@@ -57,6 +57,10 @@ pub struct JobProgress {
     pub actors: Vec<ActorProgress>,
     /// Rescales completed so far.
     pub rescales: u64,
+    /// The longest a rescale held the job: from the rescale barrier reaching the dispatcher
+    /// to the new actors running (the old actors' last epoch, the merge, the consumer's
+    /// commit and the restart).
+    pub rescale_pause_max: Duration,
     /// Every actor has finished.
     pub finished: bool,
 }
@@ -66,6 +70,7 @@ struct Board {
     actors: Vec<Option<(usize, BackfillStats)>>,
     retired: BackfillStats,
     rescales: u64,
+    rescale_pause_max: Duration,
 }
 
 /// Where actors report and the job's views are computed.
@@ -91,6 +96,7 @@ impl StatsBoard {
                 actors: vec![None; actors],
                 retired: BackfillStats::default(),
                 rescales: 0,
+                rescale_pause_max: Duration::ZERO,
             }),
             started: Instant::now(),
             estimate,
@@ -122,6 +128,20 @@ impl StatsBoard {
         board.generation += 1;
         board.rescales += 1;
         Ok(board.generation)
+    }
+
+    /// A rescale held the job for `pause`.
+    pub(crate) fn record_rescale(&self, pause: Duration) -> Result<()> {
+        let mut board = self
+            .board
+            .lock()
+            .map_err(|_| internal!("the stats board is poisoned"))?;
+        board.rescale_pause_max = board.rescale_pause_max.max(pause);
+        let (total, progress) = self.sum(&board);
+        drop(board);
+        self.stats.send_replace(total);
+        self.progress.send_replace(progress);
+        Ok(())
     }
 
     /// Actor `index` of `generation` (owning `vnodes` vnodes) reports its counters.
@@ -209,6 +229,7 @@ impl StatsBoard {
             vnodes: total.vnodes,
             actors,
             rescales: board.rescales,
+            rescale_pause_max: board.rescale_pause_max,
             finished: total.finished,
         };
         (total, progress)

@@ -215,6 +215,8 @@ pub struct ReplaySummary {
     pub actors: Vec<usize>,
     /// Online rescales this run went through.
     pub rescales: u64,
+    /// The longest a rescale held the job (see [`JobProgress::rescale_pause_max`]).
+    pub rescale_pause_max: Duration,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -553,6 +555,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             already_finished: record.is_some_and(|(_, _, finished)| finished),
             actors: Vec::new(),
             rescales: 0,
+            rescale_pause_max: Duration::ZERO,
         };
         if summary.already_finished {
             summary.elapsed = started.elapsed();
@@ -653,6 +656,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             let job = runtime.progress().borrow().clone();
             summary.actors = job.actors.iter().map(|a| a.vnodes).collect();
             summary.rescales = job.rescales;
+            summary.rescale_pause_max = job.rescale_pause_max;
         }
         summary.elapsed = started.elapsed();
         Ok(summary)

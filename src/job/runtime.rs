@@ -345,6 +345,7 @@ where
     /// Attaches a control request if it fits, tracks pause and rate, broadcasts the barrier,
     /// and rescales after a `Rescale`.
     async fn on_barrier(&mut self, mut barrier: Barrier) -> Result<bool> {
+        let arrived = std::time::Instant::now();
         while let Ok(request) = self.control.try_recv() {
             self.pending.push_back(request);
         }
@@ -385,6 +386,7 @@ where
         }
         if let (true, Some(map)) = (sent, next_map) {
             self.rescale(&barrier, map).await?;
+            self.recipe.board.record_rescale(arrived.elapsed())?;
         }
         Ok(sent)
     }
