@@ -22,6 +22,7 @@
 //! | What | Types |
 //! |------|-------|
 //! | a job for embedders | [`BackfillJob`]: upstream changes in, the backfill's output out, checkpoints committed |
+//! | parallel actors | [`ParallelBackfill`]: a hash dispatcher, N backfill actors (tokio tasks), a barrier-aligned merge, online rescale; [`VnodeMap`], [`JobControl`] (pause, resume, throttle, rescale at the next barrier), [`JobProgress`] |
 //! | the backfill | [`BackfillExecutor`], [`BackfillConfig`], [`SnapshotOrder`], [`BackfillStats`] |
 //! | its output | [`BackfillStream`] (messages), [`ChangelogStream`] (changelog batches), [`ChangelogReader`] (a blocking `RecordBatchReader`, exported as an Arrow C stream by [`ChangelogReader::into_ffi_stream`]) |
 //! | changes and messages | [`StreamChunk`], [`Op`], [`Message`], [`Barrier`], [`BarrierKind`], [`EpochPair`], [`Mutation`], [`Watermark`] |

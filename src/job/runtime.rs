@@ -62,6 +62,51 @@ use crate::vnode::VnodeBitmap;
 type Tasks = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 /// A backfill of one upstream table by several actors (see the module docs).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use arrangement_backfill::*;
+/// # use arrow_array::{Int64Array, RecordBatch};
+/// # use arrow_schema::{DataType, Field, Schema};
+/// # use futures::StreamExt;
+/// # fn main() -> Result<()> {
+/// # tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(async {
+/// let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+/// let store = MemoryStore::new();
+/// let desc = store.create_table(TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("id")])?)?;
+/// let mut table = store.table("t", VnodeBitmap::full(desc.vnode_count()))?;
+/// let ids = Int64Array::from_iter_values(0..100);
+/// table.write(&StreamChunk::inserts(RecordBatch::try_new(schema, vec![Arc::new(ids)])?))?;
+/// table.seal(1)?;
+/// store.commit(1)?;
+///
+/// // The upstream: no changes here, just barriers (the first closes the committed epoch,
+/// // then checkpoints); the last one stops the job.
+/// let barrier = |curr, kind| Barrier::new(EpochPair::new(curr, curr - 1), kind);
+/// let mut barriers = vec![barrier(2, BarrierKind::Normal)];
+/// barriers.extend((3..12).map(|e| barrier(e, BarrierKind::Checkpoint)));
+/// barriers.push(barrier(12, BarrierKind::Checkpoint).with_mutation(Mutation::Stop));
+/// let upstream = futures::stream::iter(barriers.into_iter().map(|b| Ok(Message::Barrier(b))));
+/// let actors = VnodeMap::even(desc.vnode_count(), 2)?;
+/// let mut job = ParallelBackfill::start(&store, "t", actors, BackfillConfig::default(), 100, upstream)?;
+/// let mut rows = 0;
+/// while let Some(message) = job.next().await {
+///     match message? {
+///         Message::Chunk(chunk) => rows += chunk.num_rows(),
+///         Message::Barrier(b) if b.is_checkpoint() => {
+///             store.commit(b.epoch.prev)?; // (a sink would prepare its output first)
+///             job.committed(b.epoch.prev);
+///         }
+///         _ => {}
+///     }
+/// }
+/// assert_eq!(rows, 100);
+/// assert!(job.stats().borrow().finished);
+/// job.shutdown().await;
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 pub struct ParallelBackfill {
     output: AlignedMerge,
     schema: SchemaRef,
