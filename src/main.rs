@@ -412,11 +412,13 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.checkpoints
     );
     say!(
-        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales, longest pause {:.1?})",
+        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales, longest pause {:.1?} \
+         of which restart {:.1?})",
         s.actors.len(),
         s.actors,
         s.rescales,
-        s.rescale_pause_max
+        s.rescale_pause_max,
+        s.rescale_restart_max
     );
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }

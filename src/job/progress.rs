@@ -61,6 +61,9 @@ pub struct JobProgress {
     /// to the new actors running (the old actors' last epoch, the merge, the consumer's
     /// commit and the restart).
     pub rescale_pause_max: Duration,
+    /// The longest restart part of a rescale: from the store's commit of the rescale barrier
+    /// to the new actors running (the rest of the pause is the checkpoint's own latency).
+    pub rescale_restart_max: Duration,
     /// Every actor has finished.
     pub finished: bool,
 }
@@ -71,6 +74,7 @@ struct Board {
     retired: BackfillStats,
     rescales: u64,
     rescale_pause_max: Duration,
+    rescale_restart_max: Duration,
 }
 
 /// Where actors report and the job's views are computed.
@@ -97,6 +101,7 @@ impl StatsBoard {
                 retired: BackfillStats::default(),
                 rescales: 0,
                 rescale_pause_max: Duration::ZERO,
+                rescale_restart_max: Duration::ZERO,
             }),
             started: Instant::now(),
             estimate,
@@ -130,13 +135,14 @@ impl StatsBoard {
         Ok(board.generation)
     }
 
-    /// A rescale held the job for `pause`.
-    pub(crate) fn record_rescale(&self, pause: Duration) -> Result<()> {
+    /// A rescale held the job for `pause`, `restart` of it after the commit.
+    pub(crate) fn record_rescale(&self, pause: Duration, restart: Duration) -> Result<()> {
         let mut board = self
             .board
             .lock()
             .map_err(|_| internal!("the stats board is poisoned"))?;
         board.rescale_pause_max = board.rescale_pause_max.max(pause);
+        board.rescale_restart_max = board.rescale_restart_max.max(restart);
         let (total, progress) = self.sum(&board);
         drop(board);
         self.stats.send_replace(total);
@@ -230,6 +236,7 @@ impl StatsBoard {
             actors,
             rescales: board.rescales,
             rescale_pause_max: board.rescale_pause_max,
+            rescale_restart_max: board.rescale_restart_max,
             finished: total.finished,
         };
         (total, progress)

@@ -217,6 +217,8 @@ pub struct ReplaySummary {
     pub rescales: u64,
     /// The longest a rescale held the job (see [`JobProgress::rescale_pause_max`]).
     pub rescale_pause_max: Duration,
+    /// The longest restart part of a rescale (see [`JobProgress::rescale_restart_max`]).
+    pub rescale_restart_max: Duration,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -556,6 +558,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             actors: Vec::new(),
             rescales: 0,
             rescale_pause_max: Duration::ZERO,
+            rescale_restart_max: Duration::ZERO,
         };
         if summary.already_finished {
             summary.elapsed = started.elapsed();
@@ -657,6 +660,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             summary.actors = job.actors.iter().map(|a| a.vnodes).collect();
             summary.rescales = job.rescales;
             summary.rescale_pause_max = job.rescale_pause_max;
+            summary.rescale_restart_max = job.rescale_restart_max;
         }
         summary.elapsed = started.elapsed();
         Ok(summary)

@@ -430,14 +430,17 @@ where
             sent &= self.send(i, Message::Barrier(copy)).await;
         }
         if let (true, Some(map)) = (sent, next_map) {
-            self.rescale(&barrier, map).await?;
-            self.recipe.board.record_rescale(arrived.elapsed())?;
+            let restart = self.rescale(&barrier, map).await?;
+            self.recipe
+                .board
+                .record_rescale(arrived.elapsed(), restart)?;
         }
         Ok(sent)
     }
 
-    /// Waits for the rescale barrier's commit, then replaces the actors.
-    async fn rescale(&mut self, barrier: &Barrier, map: VnodeMap) -> Result<()> {
+    /// Waits for the rescale barrier's commit, then replaces the actors; returns how long
+    /// the replacing took.
+    async fn rescale(&mut self, barrier: &Barrier, map: VnodeMap) -> Result<std::time::Duration> {
         let epoch = barrier.epoch.prev;
         self.committed
             .wait_for(|c| *c >= epoch)
@@ -447,6 +450,7 @@ where
                     "the job's consumer went away before committing the rescale checkpoint {epoch}"
                 ))
             })?;
+        let committed = std::time::Instant::now();
         // The old actors ended after forwarding the barrier (the merge took it, or the
         // consumer could not have committed it): wait for them to let go of their handles.
         self.inputs.clear();
@@ -491,7 +495,7 @@ where
             .await
             .map_err(|_| internal!("the merge went away during a rescale"))?;
         self.map = map;
-        Ok(())
+        Ok(committed.elapsed())
     }
 }
 
