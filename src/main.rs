@@ -420,6 +420,29 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.rescale_pause_max,
         s.rescale_restart_max
     );
+    if let Some(c) = &s.certificate {
+        if c.matches() {
+            say!(
+                "  certificate       {:>12}  rows in {} vnodes at epoch {}: downstream == upstream \
+                 per vnode (count and checksum of {} columns)",
+                c.upstream_rows,
+                c.vnodes,
+                c.epoch,
+                c.hashed_columns
+            );
+        } else {
+            say!(
+                "  certificate       MISMATCH in {} of {} vnodes at epoch {} (first: {:?}); \
+                 downstream {} rows, upstream {}",
+                c.mismatches,
+                c.vnodes,
+                c.epoch,
+                c.mismatched,
+                c.downstream_rows,
+                c.upstream_rows
+            );
+        }
+    }
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }
 

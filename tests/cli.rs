@@ -108,6 +108,7 @@ fn generated_datasets_replay_exactly_once_in_every_mode() {
             let stdout = String::from_utf8_lossy(&o.stdout);
             assert!(stdout.contains("verified"), "{}", text(&o));
             assert!(stdout.contains("snapshot rows"), "{}", text(&o));
+            assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
             ok(&["verify", path(&dataset), path(&out)]);
         }
     }
@@ -151,6 +152,7 @@ fn parallel_replays_and_online_rescales_verify() {
         let o = ok(&args);
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(stdout.contains("verified"), "{}", text(&o));
+        assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
         let rescales = extra.iter().filter(|a| **a == "--rescale").count();
         assert!(
             stdout.contains(&format!("{rescales} online rescales")),

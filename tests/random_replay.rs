@@ -225,6 +225,14 @@ fn random_datasets_with_random_options_replay_exactly_once() {
         let summary = runtime
             .block_on(run_replay(&dataset, &options, |_| {}))
             .unwrap_or_else(|e| panic!("case {case} ({options:?}): {e}"));
+        let certificate = summary
+            .certificate
+            .clone()
+            .expect("a finished replay certifies");
+        assert!(
+            certificate.matches(),
+            "case {case} ({options:?}): {certificate:?}"
+        );
         verify(&dataset, &out)
             .unwrap_or_else(|e| panic!("case {case} ({options:?}, {summary:?}): {e}"));
     }

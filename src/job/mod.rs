@@ -12,6 +12,8 @@
 //! (`dispatcher.rs`, [`VnodeMap`]), N backfill actors each a tokio task (`actors.rs`), the
 //! barrier-aligned merge (`aligned_merge.rs`), online rescale, a control handle
 //! (`control.rs`, [`JobControl`]) and job-level progress (`progress.rs`, [`JobProgress`]).
+//! When a replay finishes, `certificate.rs` compares per vnode what the downstream received
+//! with the upstream table ([`Certificate`]).
 //! The dataset [`replay`] is the command-line tool's: a source task that materializes the
 //! changelog into the upstream table, the parallel runtime, and a Parquet sink (`sink.rs`)
 //! committed by two-phase commit, with barriers from the barrier injector (`barrier.rs`).
@@ -19,6 +21,7 @@
 mod actors;
 mod aligned_merge;
 pub(crate) mod barrier;
+mod certificate;
 mod control;
 mod dispatcher;
 mod handle;
@@ -27,6 +30,7 @@ pub mod replay;
 mod runtime;
 pub(crate) mod sink;
 
+pub use certificate::{Certificate, TableDigest};
 pub use control::{CONTROL_CAPACITY, JobControl};
 pub use dispatcher::VnodeMap;
 pub use handle::BackfillJob;

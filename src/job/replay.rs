@@ -48,7 +48,7 @@ use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
-use crate::job::{JobControl, JobProgress, ParallelBackfill, VnodeMap};
+use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
@@ -219,6 +219,9 @@ pub struct ReplaySummary {
     pub rescale_pause_max: Duration,
     /// The longest restart part of a rescale (see [`JobProgress::rescale_restart_max`]).
     pub rescale_restart_max: Duration,
+    /// Per vnode, the committed output against the upstream table at the final checkpoint
+    /// (count and checksum); `None` when the run did not reach it.
+    pub certificate: Option<Certificate>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -559,6 +562,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             rescales: 0,
             rescale_pause_max: Duration::ZERO,
             rescale_restart_max: Duration::ZERO,
+            certificate: None,
         };
         if summary.already_finished {
             summary.elapsed = started.elapsed();
@@ -666,6 +670,22 @@ impl<'a, S: StateStore> Job<'a, S> {
         Ok(summary)
     }
 
+    /// The completion certificate at the final checkpoint `epoch` (committed and published).
+    fn certify(&self, epoch: u64) -> Result<Certificate> {
+        let all = VnodeBitmap::full(self.desc.vnode_count());
+        let upstream = {
+            let table = self.store.table(self.desc.name(), all)?;
+            TableDigest::of_table(&table, epoch)?
+        };
+        let downstream = TableDigest::of_output(&self.options.out, &self.desc)?;
+        Ok(Certificate::compare(
+            &self.desc,
+            epoch,
+            &downstream,
+            &upstream,
+        ))
+    }
+
     /// Runs the backfill over the source's messages and commits its checkpoints, until the
     /// final `Stop` barrier, an error or an interruption.
     #[expect(
@@ -734,6 +754,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                             sink.publish(prepared)?;
                         }
                         summary.checkpoints += 1;
+                        if barrier.mutation == Some(Mutation::Stop) {
+                            summary.certificate = Some(self.certify(prev)?);
+                        }
                     }
                 }
             }
