@@ -37,7 +37,7 @@ use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::merge::MergeOutput;
-use crate::vnode::VirtualNode;
+use crate::vnode::{VirtualNode, VnodeBitmap};
 
 /// What the executor must do, in the order given.
 #[derive(Debug, Clone)]
@@ -54,6 +54,14 @@ pub enum Action {
     Seal(u64),
     /// Open snapshot scans at `epoch` per the plan, replacing any current ones.
     StartSnapshot {
+        /// The epoch to read at (the last barrier's `prev`).
+        epoch: u64,
+        /// Vnodes and the position to scan each after.
+        plan: Vec<(VirtualNode, Option<Position>)>,
+    },
+    /// Give these vnodes of the open snapshot fresh scans at `epoch`, dropping the rows
+    /// they read ahead; every other vnode keeps its scan ([`crate::merge::RestartInputs`]).
+    RestartScans {
         /// The epoch to read at (the last barrier's `prev`).
         epoch: u64,
         /// Vnodes and the position to scan each after.
@@ -114,13 +122,21 @@ pub struct BackfillCore<T: Tracker> {
     rate_limit: Option<u64>,
     snapshot_reads_this_epoch: usize,
     snapshot_exhausted: bool,
+    /// Snapshot scans are open (a `StartSnapshot` went out and no `StopSnapshot` since).
+    scans_open: bool,
+    /// Vnodes whose buffered changes the filter dropped at this barrier: their rows beyond
+    /// their position changed, so their open scans are stale.
+    touched: VnodeBitmap,
     stats: BackfillStats,
 }
 
 impl<T: Tracker> BackfillCore<T> {
     /// A core over restored (or fresh) progress, with an initial snapshot rate limit.
     pub fn new(tracker: T, rate_limit: Option<u64>) -> Self {
+        let touched = VnodeBitmap::empty(tracker.table().vnode_count());
         Self {
+            scans_open: false,
+            touched,
             tracker,
             phase: Phase::AwaitingFirstBarrier,
             epoch: None,
@@ -239,6 +255,7 @@ impl<T: Tracker> BackfillCore<T> {
         }
         self.snapshot_reads_this_epoch += 1;
         self.snapshot_exhausted = true;
+        self.scans_open = false;
         self.tracker.on_snapshot_end()?;
         Ok(vec![Action::StopSnapshot])
     }
@@ -284,12 +301,15 @@ impl<T: Tracker> BackfillCore<T> {
             self.snapshot_exhausted = false;
             if self.tracker.is_finished() {
                 self.phase = Phase::Done;
+                self.scans_open = false;
                 actions.push(Action::StopSnapshot);
                 actions.push(Action::Finished);
             } else {
-                actions.push(self.snapshot_action(barrier.epoch.prev));
+                let reopen = reopens_scans(barrier.mutation.as_ref());
+                actions.extend(self.snapshot_action(barrier.epoch.prev, reopen));
             }
         }
+        self.touched = VnodeBitmap::empty(self.touched.count());
         if stop {
             self.phase = Phase::Stopped;
             actions.push(Action::StopSnapshot);
@@ -311,7 +331,7 @@ impl<T: Tracker> BackfillCore<T> {
         } else {
             self.phase = Phase::Backfilling;
             if !stop {
-                actions.push(self.snapshot_action(barrier.epoch.prev));
+                actions.extend(self.snapshot_action(barrier.epoch.prev, true));
             }
         }
         if stop {
@@ -330,7 +350,7 @@ impl<T: Tracker> BackfillCore<T> {
         let filter = self.tracker.upstream_filter()?;
         let buffered = std::mem::take(&mut self.buffer);
         for chunk in &buffered {
-            let kept = filter.filter(chunk)?;
+            let kept = filter.filter_noting_drops(chunk, &mut self.touched)?;
             self.stats.upstream_rows_emitted += kept.num_rows() as u64;
             self.stats.upstream_rows_dropped += (chunk.num_rows() - kept.num_rows()) as u64;
             if !kept.is_empty() {
@@ -360,16 +380,32 @@ impl<T: Tracker> BackfillCore<T> {
         false
     }
 
-    fn snapshot_action(&self, epoch: u64) -> Action {
+    /// Policy: how the snapshot goes on after a barrier. Paused or throttled to zero: the
+    /// scans close. Scans open and nothing asks for new ones: only the vnodes the epoch's
+    /// changes touched beyond their position get fresh scans (nothing, if none was), so the
+    /// work of a barrier follows the changes, not the vnode count. Otherwise every vnode
+    /// still to scan gets a scan from its position.
+    fn snapshot_action(&mut self, epoch: u64, reopen: bool) -> Option<Action> {
         if self.paused || self.rate_limit == Some(0) {
-            Action::StopSnapshot
-        } else {
-            Action::StartSnapshot {
-                epoch,
-                plan: self.tracker.scan_plan(),
-            }
+            self.scans_open = false;
+            return Some(Action::StopSnapshot);
         }
+        if self.scans_open && !reopen {
+            let plan = self.tracker.scan_plan_for(&self.touched);
+            return (!plan.is_empty()).then_some(Action::RestartScans { epoch, plan });
+        }
+        self.scans_open = true;
+        Some(Action::StartSnapshot {
+            epoch,
+            plan: self.tracker.scan_plan(),
+        })
     }
+}
+
+/// Policy: a mutation that changes how the snapshot is read (a new rate limit sets the
+/// batch size; a resume follows a pause, whose scans are closed) opens every scan afresh.
+fn reopens_scans(mutation: Option<&Mutation>) -> bool {
+    matches!(mutation, Some(Mutation::Resume | Mutation::Throttle { .. }))
 }
 
 #[cfg(test)]
@@ -478,6 +514,7 @@ mod tests {
                 Action::Persist(_) => "persist",
                 Action::Seal(_) => "seal",
                 Action::StartSnapshot { .. } => "start",
+                Action::RestartScans { .. } => "restart",
                 Action::StopSnapshot => "stop-snapshot",
                 Action::SetRateLimit(_) => "rate",
                 Action::Forward(_) => "forward",
@@ -573,6 +610,43 @@ mod tests {
             .unwrap();
         assert!(core.owes_snapshot_read());
         assert_eq!(names(&actions).last(), Some(&"start"));
+    }
+
+    #[test]
+    fn policy_a_barrier_restarts_only_the_scans_its_changes_touched() {
+        let mut core = core();
+        core.on_barrier(barrier(1, BarrierKind::Normal)).unwrap();
+        core.on_snapshot_output(snapshot(&[2, 5], false)).unwrap();
+        // Nothing changed: the open scans go on as they are.
+        let actions = core.on_barrier(barrier(2, BarrierKind::Normal)).unwrap();
+        assert_eq!(names(&actions), ["persist", "seal", "forward"]);
+        // Changes at or below the position only: emitted, and the scan beyond is unchanged.
+        core.on_snapshot_output(snapshot(&[6], false)).unwrap();
+        core.on_upstream_chunk(chunk(
+            "+ 1 1
+- 6 0",
+        ))
+        .unwrap();
+        let actions = core.on_barrier(barrier(3, BarrierKind::Normal)).unwrap();
+        assert_eq!(emitted(&actions), "+ 1 1\n- 6 0\n");
+        assert_eq!(names(&actions).last(), Some(&"forward"));
+        // A change above the position: that vnode's scan restarts after its position.
+        core.on_snapshot_output(snapshot(&[7], false)).unwrap();
+        core.on_upstream_chunk(chunk("+ 9 9")).unwrap();
+        let actions = core.on_barrier(barrier(4, BarrierKind::Normal)).unwrap();
+        assert_eq!(emitted(&actions), "");
+        match actions.last() {
+            Some(Action::RestartScans { epoch: 4, plan }) => {
+                assert_eq!(plan.len(), 1);
+                assert_eq!(plan[0].0, VirtualNode::ZERO);
+                assert!(plan[0].1.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+        // The touched set is per barrier.
+        core.on_snapshot_output(snapshot(&[8], false)).unwrap();
+        let actions = core.on_barrier(barrier(5, BarrierKind::Normal)).unwrap();
+        assert_eq!(names(&actions).last(), Some(&"forward"));
     }
 
     #[test]

@@ -41,9 +41,11 @@ use crate::backfill::stream::BackfillStream;
 use crate::backfill::tracker::{ArrangementTracker, Tracker};
 use crate::chunk::Message;
 use crate::error::{Error, Result, internal};
-use crate::merge::{KWayMerge, RoundRobin, SnapshotMerger};
+use crate::key::Position;
+use crate::merge::{KWayMerge, RestartInputs, RoundRobin};
 use crate::store::{StateStore, StateTable};
 use crate::table::TableDesc;
+use crate::vnode::VirtualNode;
 use crate::vnode::VnodeBitmap;
 
 /// The order in which snapshot rows leave the backfill.
@@ -178,6 +180,7 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             exec: self,
             core: None,
             merger: None,
+            read_size: 0,
             limiter: RateLimiter::new(None),
             out: VecDeque::new(),
             prefer_snapshot: false,
@@ -199,7 +202,9 @@ struct Driver<S: StateStore, T: Tracker, U> {
     upstream: U,
     exec: BackfillExecutor<S, T>,
     core: Option<BackfillCore<T>>,
-    merger: Option<Box<dyn SnapshotMerger>>,
+    merger: Option<Box<dyn RestartInputs<<S::Table as StateTable>::Scan>>>,
+    /// Rows per scan read of the open merger.
+    read_size: usize,
     limiter: RateLimiter,
     out: VecDeque<Message>,
     prefer_snapshot: bool,
@@ -352,6 +357,7 @@ where
                     self.exec.progress_table.seal(epoch)?;
                 }
                 Action::StartSnapshot { epoch, plan } => self.start_snapshot(epoch, plan)?,
+                Action::RestartScans { epoch, plan } => self.restart_scans(epoch, plan)?,
                 Action::StopSnapshot => self.merger = None,
                 Action::SetRateLimit(rate) => self.limiter.set_rate(rate),
                 Action::Finished | Action::Stop => {
@@ -370,7 +376,7 @@ where
     fn start_snapshot(
         &mut self,
         epoch: u64,
-        plan: Vec<(crate::vnode::VirtualNode, Option<crate::key::Position>)>,
+        plan: Vec<(VirtualNode, Option<Position>)>,
     ) -> Result<()> {
         // Under a rate limit a batch is at most a tenth of a second's worth of rows, so the
         // one batch every epoch reads (I6) cannot override the limit by much.
@@ -405,11 +411,34 @@ where
             inputs.push((vnode, scan));
         }
         let pk = self.exec.desc.pk();
+        let name = self.exec.desc.name();
+        self.read_size = read_size;
         self.merger = Some(if merged {
-            Box::new(KWayMerge::new(pk, inputs, batch_size)?)
+            Box::new(KWayMerge::new(pk, inputs, batch_size)?.with_table_name(name))
         } else {
-            Box::new(RoundRobin::new(inputs))
+            Box::new(RoundRobin::new(inputs).with_table_name(name))
         });
+        Ok(())
+    }
+
+    /// Gives the vnodes of `plan` fresh scans at `epoch` in the open merger; the others keep
+    /// theirs (see [`RestartInputs`]).
+    fn restart_scans(
+        &mut self,
+        epoch: u64,
+        plan: Vec<(VirtualNode, Option<Position>)>,
+    ) -> Result<()> {
+        let merger = self
+            .merger
+            .as_mut()
+            .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
+        for (vnode, pos) in plan {
+            let scan = self
+                .exec
+                .replicated
+                .scan(vnode, pos.as_ref(), epoch, self.read_size)?;
+            merger.restart(vnode, scan, pos.as_ref())?;
+        }
         Ok(())
     }
 }

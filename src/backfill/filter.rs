@@ -133,6 +133,30 @@ impl UpstreamFilter {
 
     /// Which rows of `chunk` to emit.
     pub fn mask(&self, chunk: &StreamChunk) -> Result<BooleanArray> {
+        Ok(self.mask_with_vnodes(chunk)?.0)
+    }
+
+    /// The rows of `chunk` to emit, with update pairs repaired, and the vnodes of the rows
+    /// it drops added to `dropped`: the vnodes whose snapshot beyond their position the
+    /// chunk changed (the backfill restarts their scans at the barrier).
+    pub fn filter_noting_drops(
+        &self,
+        chunk: &StreamChunk,
+        dropped: &mut VnodeBitmap,
+    ) -> Result<StreamChunk> {
+        let (mask, vnodes) = self.mask_with_vnodes(chunk)?;
+        if mask.true_count() < mask.len() {
+            for (i, vnode) in vnodes.iter().enumerate() {
+                if !mask.value(i) {
+                    dropped.insert(*vnode)?;
+                }
+            }
+        }
+        chunk.filter(&mask)
+    }
+
+    /// The mask, and the vnode of every row.
+    fn mask_with_vnodes(&self, chunk: &StreamChunk) -> Result<(BooleanArray, Vec<VirtualNode>)> {
         let batch = chunk.batch();
         self.desc
             .check_schema(batch.schema_ref(), "a filtered chunk")?;
@@ -159,7 +183,7 @@ impl UpstreamFilter {
                 Rule::Drop | Rule::NotOwned => false,
             })
         };
-        Ok(BooleanArray::new(keep, None))
+        Ok((BooleanArray::new(keep, None), vnodes))
     }
 
     /// The rows of `chunk` to emit, with update pairs repaired.

@@ -95,6 +95,17 @@ impl Tracker for NoShuffleTracker {
         self.owned.iter().map(|v| (v, self.pos.clone())).collect()
     }
 
+    fn scan_plan_for(&self, vnodes: &VnodeBitmap) -> Vec<(VirtualNode, Option<Position>)> {
+        if self.finished {
+            return Vec::new();
+        }
+        vnodes
+            .iter()
+            .filter(|v| self.owned.contains(*v))
+            .map(|v| (v, self.pos.clone()))
+            .collect()
+    }
+
     fn needs_global_order(&self) -> bool {
         true
     }

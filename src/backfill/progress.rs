@@ -93,27 +93,49 @@ pub struct VnodeStateCounts {
 struct Entry {
     current: VnodeProgress,
     committed: VnodeProgress,
+    /// Listed in [`ProgressMap::dirty`].
+    dirty: bool,
 }
 
 /// The progress of every owned vnode, current and as last persisted.
+///
+/// Every query a barrier or a progress report makes is O(1) or proportional to the vnodes
+/// that changed, never to the vnode count: the counts per state and the row total are kept
+/// up to date as vnodes move, and changed vnodes are listed as they change.
 #[derive(Debug, Clone)]
 pub struct ProgressMap {
     /// Indexed by vnode; `None` for vnodes this backfill does not own.
     entries: Vec<Option<Entry>>,
     owned: VnodeBitmap,
+    counts: VnodeStateCounts,
+    total_rows: u64,
+    /// Vnodes changed since the last [`ProgressMap::mark_persisted`] (each listed once).
+    dirty: Vec<VirtualNode>,
 }
 
 impl ProgressMap {
     /// Every owned vnode NotStarted.
     pub fn new(owned: VnodeBitmap) -> Self {
         let mut entries = vec![None; owned.count().get()];
+        let mut not_started = 0;
         for v in owned.iter() {
             entries[v.index()] = Some(Entry {
                 current: VnodeProgress::NotStarted,
                 committed: VnodeProgress::NotStarted,
+                dirty: false,
             });
+            not_started += 1;
         }
-        Self { entries, owned }
+        Self {
+            entries,
+            owned,
+            counts: VnodeStateCounts {
+                not_started,
+                ..VnodeStateCounts::default()
+            },
+            total_rows: 0,
+            dirty: Vec::new(),
+        }
     }
 
     /// The owned vnodes.
@@ -136,23 +158,39 @@ impl ProgressMap {
             .filter_map(|v| self.get(v).map(|p| (v, p)))
     }
 
-    fn entry(&mut self, vnode: VirtualNode) -> Result<&mut Entry> {
-        self.entries
+    /// Replaces the current state of `vnode`, keeping the counters and the dirty list.
+    fn set(&mut self, vnode: VirtualNode, state: VnodeProgress) -> Result<()> {
+        let entry = self
+            .entries
             .get_mut(vnode.index())
             .and_then(|e| e.as_mut())
             .ok_or(Error::VnodeNotOwned {
                 vnode: vnode.get(),
                 owner: "this backfill".into(),
-            })
+            })?;
+        *self.counts.of_mut(&entry.current) -= 1;
+        *self.counts.of_mut(&state) += 1;
+        self.total_rows = self.total_rows - entry.current.rows() + state.rows();
+        entry.current = state;
+        if !entry.dirty {
+            entry.dirty = true;
+            self.dirty.push(vnode);
+        }
+        Ok(())
     }
 
     /// `rows` more snapshot rows of `vnode` were emitted, the last one at `pos`.
     /// Positions only grow (I4); a Completed vnode cannot advance.
     pub fn advance(&mut self, vnode: VirtualNode, pos: Position, rows: u64) -> Result<()> {
-        let entry = self.entry(vnode)?;
-        entry.current = match &entry.current {
-            VnodeProgress::NotStarted => VnodeProgress::InProgress { pos, rows },
-            VnodeProgress::InProgress { pos: old, rows: n } => {
+        let next = match self.get(vnode) {
+            None => {
+                return Err(Error::VnodeNotOwned {
+                    vnode: vnode.get(),
+                    owner: "this backfill".into(),
+                });
+            }
+            Some(VnodeProgress::NotStarted) => VnodeProgress::InProgress { pos, rows },
+            Some(VnodeProgress::InProgress { pos: old, rows: n }) => {
                 if pos <= *old {
                     return Err(internal!("vnode {vnode}: position would move backwards"));
                 }
@@ -161,48 +199,45 @@ impl ProgressMap {
                     rows: n + rows,
                 }
             }
-            VnodeProgress::Completed { .. } => {
+            Some(VnodeProgress::Completed { .. }) => {
                 return Err(internal!("vnode {vnode}: snapshot rows after completion"));
             }
         };
-        Ok(())
+        self.set(vnode, next)
     }
 
     /// The snapshot of `vnode` is exhausted: Completed (idempotent).
     pub fn complete(&mut self, vnode: VirtualNode) -> Result<()> {
-        let entry = self.entry(vnode)?;
-        entry.current = VnodeProgress::Completed {
-            rows: entry.current.rows(),
-        };
-        Ok(())
+        let rows = self
+            .get(vnode)
+            .ok_or(Error::VnodeNotOwned {
+                vnode: vnode.get(),
+                owner: "this backfill".into(),
+            })?
+            .rows();
+        self.set(vnode, VnodeProgress::Completed { rows })
     }
 
     /// True when every owned vnode is Completed.
     pub fn is_finished(&self) -> bool {
-        self.iter().all(|(_, p)| p.is_completed())
+        self.counts.not_started == 0 && self.counts.in_progress == 0
     }
 
     /// Vnodes per state.
     pub fn counts(&self) -> VnodeStateCounts {
-        let mut c = VnodeStateCounts::default();
-        for (_, p) in self.iter() {
-            match p {
-                VnodeProgress::NotStarted => c.not_started += 1,
-                VnodeProgress::InProgress { .. } => c.in_progress += 1,
-                VnodeProgress::Completed { .. } => c.completed += 1,
-            }
-        }
-        c
+        self.counts
     }
 
     /// Snapshot rows emitted over all owned vnodes.
     pub fn total_rows(&self) -> u64 {
-        self.iter().map(|(_, p)| p.rows()).sum()
+        self.total_rows
     }
 
-    /// Vnodes whose state changed since the last [`ProgressMap::mark_persisted`].
+    /// Vnodes whose state changed since the last [`ProgressMap::mark_persisted`], ascending.
     pub fn changed(&self) -> impl Iterator<Item = (VirtualNode, &VnodeProgress)> {
-        self.owned.iter().filter_map(|v| {
+        let mut dirty = self.dirty.clone();
+        dirty.sort_unstable();
+        dirty.into_iter().filter_map(|v| {
             let e = self.entries[v.index()].as_ref()?;
             (e.current != e.committed).then_some((v, &e.current))
         })
@@ -210,17 +245,40 @@ impl ProgressMap {
 
     /// Records that the current states were handed to the progress table.
     pub fn mark_persisted(&mut self) {
-        for e in self.entries.iter_mut().flatten() {
-            e.committed = e.current.clone();
+        for v in std::mem::take(&mut self.dirty) {
+            if let Some(e) = self.entries[v.index()].as_mut() {
+                e.committed = e.current.clone();
+                e.dirty = false;
+            }
         }
     }
 
     /// Sets a vnode's state without marking it changed (used when restoring).
     fn restore_entry(&mut self, vnode: VirtualNode, state: VnodeProgress) -> Result<()> {
-        let entry = self.entry(vnode)?;
-        entry.committed = state.clone();
-        entry.current = state;
+        let was_dirty = self.entries[vnode.index()]
+            .as_ref()
+            .is_some_and(|e| e.dirty);
+        self.set(vnode, state.clone())?;
+        if let Some(e) = self.entries[vnode.index()].as_mut() {
+            e.committed = state;
+            e.dirty = was_dirty;
+        }
+        if !was_dirty {
+            // `set` listed it last.
+            self.dirty.pop();
+        }
         Ok(())
+    }
+}
+
+impl VnodeStateCounts {
+    /// The counter of `state`'s kind.
+    fn of_mut(&mut self, state: &VnodeProgress) -> &mut usize {
+        match state {
+            VnodeProgress::NotStarted => &mut self.not_started,
+            VnodeProgress::InProgress { .. } => &mut self.in_progress,
+            VnodeProgress::Completed { .. } => &mut self.completed,
+        }
     }
 }
 

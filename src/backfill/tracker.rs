@@ -11,14 +11,17 @@ use crate::error::Result;
 use crate::key::Position;
 use crate::merge::MergeOutput;
 use crate::table::TableDesc;
-use crate::vnode::VirtualNode;
+use crate::vnode::{VirtualNode, VnodeBitmap};
 
 /// How a backfill tracks and persists its progress.
 pub trait Tracker: Send + 'static {
     /// The upstream table whose snapshot is tracked.
     fn table(&self) -> &Arc<TableDesc>;
-    /// The vnodes to scan this epoch and the position to scan each after.
+    /// The vnodes to scan and the position to scan each after.
     fn scan_plan(&self) -> Vec<(VirtualNode, Option<Position>)>;
+    /// The part of [`Tracker::scan_plan`] for `vnodes` (those still to scan, with their
+    /// positions); its cost is proportional to `vnodes`, not to the vnodes owned.
+    fn scan_plan_for(&self, vnodes: &VnodeBitmap) -> Vec<(VirtualNode, Option<Position>)>;
     /// Snapshot rows were emitted: advance positions, complete exhausted vnodes.
     fn on_snapshot(&mut self, out: &MergeOutput) -> Result<()>;
     /// Every vnode of this epoch's scan plan is exhausted.
@@ -73,6 +76,16 @@ impl Tracker for ArrangementTracker {
             .iter()
             .filter(|(_, p)| !p.is_completed())
             .map(|(v, p)| (v, p.position().cloned()))
+            .collect()
+    }
+
+    fn scan_plan_for(&self, vnodes: &VnodeBitmap) -> Vec<(VirtualNode, Option<Position>)> {
+        vnodes
+            .iter()
+            .filter_map(|v| match self.progress.get(v) {
+                Some(p) if !p.is_completed() => Some((v, p.position().cloned())),
+                _ => None,
+            })
             .collect()
     }
 

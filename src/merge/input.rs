@@ -15,7 +15,7 @@ use arrow_array::Array;
 use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result, internal};
-use crate::key::first_unordered;
+use crate::key::{Position, first_unordered};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -25,6 +25,9 @@ pub(crate) struct MergeInput<S> {
     vnode: VirtualNode,
     /// `None` once the scan returned `None`.
     scan: Option<S>,
+    /// The scan a restart replaced, kept until the new one has read: what it holds loaded
+    /// (a block the new scan starts in, say) stays where a store's cache can find it.
+    retired: Option<S>,
     /// The last key handed out (reused buffer); meaningful when `seen_rows`.
     last_key: Vec<u8>,
     seen_rows: bool,
@@ -35,6 +38,7 @@ impl<S: SnapshotScan> MergeInput<S> {
         Self {
             vnode,
             scan: Some(scan),
+            retired: None,
             last_key: Vec::new(),
             seen_rows: false,
         }
@@ -44,7 +48,20 @@ impl<S: SnapshotScan> MergeInput<S> {
         self.vnode
     }
 
+    /// Replaces the scan with `scan`, which yields the vnode's rows strictly after `after`
+    /// (the key of its last row handed out and emitted; `None` when none was). The order
+    /// check continues from `after`: rows read ahead of it and not emitted may come again.
+    pub fn restart(&mut self, scan: S, after: Option<&Position>) {
+        self.retired = self.scan.replace(scan);
+        self.last_key.clear();
+        if let Some(after) = after {
+            self.last_key.extend_from_slice(after.as_bytes());
+        }
+        self.seen_rows = after.is_some();
+    }
+
     /// True once the scan returned `None`.
+    #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
         self.scan.is_none()
     }
@@ -74,7 +91,9 @@ impl<S: SnapshotScan> MergeInput<S> {
             let Some(scan) = self.scan.as_mut() else {
                 return Ok(None);
             };
-            let Some(batch) = scan.next_batch()? else {
+            let next = scan.next_batch()?;
+            self.retired = None;
+            let Some(batch) = next else {
                 self.scan = None;
                 return Ok(None);
             };

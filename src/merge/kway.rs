@@ -30,9 +30,10 @@
 //! generic over it so that the per-row comparisons are monomorphic.
 
 use arrow_schema::SchemaRef;
+use hashbrown::HashMap;
 
 use crate::error::{Error, Result, internal};
-use crate::key::PrimaryKey;
+use crate::key::{Position, PrimaryKey};
 use crate::merge::builder::{OutputBuilder, OutputKeys};
 use crate::merge::cursor::{
     Cursor, CursorKind, I8Cursor, I16Cursor, I32Cursor, I64Cursor, KeyEntry, PrimitiveConfig,
@@ -40,7 +41,7 @@ use crate::merge::cursor::{
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
-use crate::merge::{MergeOutput, SnapshotMerger};
+use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -168,6 +169,12 @@ impl<S: SnapshotScan> SnapshotMerger for KWayMerge<S> {
     }
 }
 
+impl<S: SnapshotScan> RestartInputs<S> for KWayMerge<S> {
+    fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
+        with_merge!(&mut self.engine, m => m.restart(vnode, scan, after))
+    }
+}
+
 /// Where a merge is in its life.
 enum Phase {
     /// No input fetched yet.
@@ -193,8 +200,11 @@ struct Merge<S, C: Cursor> {
     /// Vnodes found exhausted since the last output.
     exhausted: Vec<VirtualNode>,
     /// True when a batch was admitted that made the entries in the tree stale
-    /// ([`Cursor::admit`]): the tree must be rebuilt rather than replayed.
+    /// ([`Cursor::admit`]), or inputs were restarted: the tree must be rebuilt rather than
+    /// replayed.
     stale: bool,
+    /// The input of each vnode.
+    index: HashMap<VirtualNode, usize>,
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
@@ -205,7 +215,13 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         batch_size: usize,
     ) -> Self {
         let k = inputs.len();
+        let index = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, (v, _))| (*v, i))
+            .collect();
         Self {
+            index,
             config,
             table: String::new(),
             phase: Phase::Unstarted,
@@ -227,6 +243,9 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         if let Phase::Unstarted = self.phase {
             self.start()?;
         }
+        if self.stale {
+            self.play();
+        }
         self.fill()?;
         let exhausted = std::mem::take(&mut self.exhausted);
         if self.builder.len() == 0 && exhausted.is_empty() {
@@ -238,6 +257,30 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             progress,
             exhausted,
         }))
+    }
+
+    /// Restarts the input of `vnode` on `scan` (its rows after `after`), between outputs:
+    /// its loaded rows are dropped, its first batch is fetched now (or its exhaustion noted
+    /// for the next output), and the tree is rebuilt before the next output.
+    fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
+        let input = *self
+            .index
+            .get(&vnode)
+            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))?;
+        if self.builder.len() != 0 {
+            return Err(internal!(
+                "restart of vnode {vnode} while an output is being built"
+            ));
+        }
+        self.inputs[input].restart(scan, after);
+        if let Phase::Unstarted = self.phase {
+            return Ok(());
+        }
+        self.cursors[input] = None;
+        self.builder.finish_input(input);
+        self.fetch(input)?;
+        self.stale = true;
+        Ok(())
     }
 
     /// Fetches every input's first batch and plays the tree.
@@ -346,9 +389,10 @@ mod tests {
     use rand::rngs::StdRng;
 
     use super::*;
+    use crate::merge::RestartInputs;
     use crate::merge::testing::{
-        Case, KeyShape, VecScan, check_outputs, clustered_case, drain, ids, int_key, int_rows,
-        int_rows_with_ids, random_case,
+        Case, KeyShape, VecScan, check_outputs, check_restarts, clustered_case, drain, ids,
+        int_key, int_rows, int_rows_with_ids, random_case,
     };
 
     fn kway(case: &Case, batch_size: usize) -> KWayMerge<VecScan> {
@@ -453,6 +497,26 @@ mod tests {
                 assert_eq!(p.exhausted, r.exhausted);
             }
         }
+    }
+
+    #[test]
+    fn restarted_inputs_merge_like_a_fresh_merge() {
+        for seed in 0..60 {
+            check_restarts(seed, true, |inputs, batch_size| {
+                KWayMerge::new(&int_key(false), inputs, batch_size).unwrap()
+            });
+        }
+    }
+
+    #[test]
+    fn a_restart_of_an_unknown_vnode_is_an_internal_error() {
+        let pk = int_key(false);
+        let mut merge =
+            KWayMerge::new(&pk, vec![(VirtualNode::new(1), VecScan::new(vec![]))], 4).unwrap();
+        let err = merge
+            .restart(VirtualNode::new(2), VecScan::new(vec![]), None)
+            .unwrap_err();
+        assert!(matches!(err, Error::Internal(_)), "{err:?}");
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! - [`RoundRobin`], the unordered per-vnode mode: whole input batches, zero-copy, one input
 //!   after the other.
 //!
+//! Both live across epochs ([`RestartInputs`]): at a barrier the backfill gives fresh scans
+//! only to the vnodes whose remaining rows the epoch's upstream changes touched.
+//!
 //! ```text
 //!  vnode 3: [1 4 9] [12 15] --.
 //!  vnode 7: [2 3] [8 20]    ---+--> cursors --> loser tree --> output builder --> MergeOutput
@@ -97,7 +100,6 @@ use crate::key::Position;
 use crate::store::KeyedBatch;
 use crate::vnode::VirtualNode;
 
-#[cfg(doc)]
 use crate::store::SnapshotScan;
 
 /// What one pull of a snapshot merger produced.
@@ -126,4 +128,22 @@ pub struct VnodeAdvance {
 pub trait SnapshotMerger: Send {
     /// Next output; `None` when every input is exhausted and reported.
     fn next_output(&mut self) -> Result<Option<MergeOutput>>;
+}
+
+/// A merger that lives across epochs: between two outputs, the input of one vnode can be
+/// given a fresh scan, while every other input keeps its scan and the rows it read ahead.
+///
+/// The backfill keeps one merger for as long as the snapshot is read and, at each barrier,
+/// restarts only the vnodes whose rows beyond their position the epoch's upstream changes
+/// touched (the ones whose changes the filter dropped). An untouched vnode's rows after its
+/// position are the same at the new epoch as at the epoch its scan was opened at, so its
+/// scan stays valid; restarting it would only read the same rows again. The output is the
+/// one a merger opened afresh at the barrier would give: each input's head is its first row
+/// after its position either way.
+pub trait RestartInputs<S: SnapshotScan>: SnapshotMerger {
+    /// Replaces the scan of `vnode` (one of the merger's inputs, possibly exhausted) with
+    /// `scan`, which yields its rows strictly after `after`: the key of the vnode's last
+    /// emitted row (`None` when none was). Rows read ahead and not emitted are dropped.
+    /// Only between outputs.
+    fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()>;
 }

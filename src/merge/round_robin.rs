@@ -14,12 +14,16 @@
 //! merge does: the vnode completes at once and is not scanned again at the next epoch. An
 //! empty input is reported when its turn comes. Key order within each input is checked.
 
+use std::collections::VecDeque;
+
 use arrow_schema::SchemaRef;
+use hashbrown::HashMap;
 
 use crate::error::{Result, internal};
+use crate::key::Position;
 use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
-use crate::merge::{MergeOutput, SnapshotMerger, VnodeAdvance};
+use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeAdvance};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -28,8 +32,13 @@ pub struct RoundRobin<S: SnapshotScan> {
     inputs: Vec<MergeInput<S>>,
     /// Per input, its next batch, fetched ahead.
     ahead: Vec<Option<KeyedBatch>>,
-    /// The input whose turn is next.
-    next: usize,
+    /// The inputs not yet found exhausted, in turn order: a pull costs the same however
+    /// many inputs are done.
+    turns: VecDeque<usize>,
+    /// Per input, whether it is in `turns`.
+    queued: Vec<bool>,
+    /// The input of each vnode.
+    index: HashMap<VirtualNode, usize>,
     table: String,
     /// The schema of the first batch seen, for empty outputs.
     schema: Option<SchemaRef>,
@@ -38,13 +47,20 @@ pub struct RoundRobin<S: SnapshotScan> {
 impl<S: SnapshotScan> RoundRobin<S> {
     /// Takes batches from `inputs` (one scan per vnode) in turn.
     pub fn new(inputs: Vec<(VirtualNode, S)>) -> Self {
+        let k = inputs.len();
         Self {
             ahead: inputs.iter().map(|_| None).collect(),
+            index: inputs
+                .iter()
+                .enumerate()
+                .map(|(i, (v, _))| (*v, i))
+                .collect(),
             inputs: inputs
                 .into_iter()
                 .map(|(v, s)| MergeInput::new(v, s))
                 .collect(),
-            next: 0,
+            turns: (0..k).collect(),
+            queued: vec![true; k],
             table: String::new(),
             schema: None,
         }
@@ -59,19 +75,16 @@ impl<S: SnapshotScan> RoundRobin<S> {
 
 impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
     fn next_output(&mut self) -> Result<Option<MergeOutput>> {
-        let k = self.inputs.len();
         let mut exhausted = Vec::new();
-        // At most one full turn: every input either yields a batch or is found exhausted.
-        for _ in 0..k {
-            let turn = self.next;
-            self.next = (self.next + 1) % k;
+        // Every input in turn either yields a batch or is found exhausted (and leaves).
+        while let Some(turn) = self.turns.pop_front() {
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
                 Some(batch) => batch,
-                None if input.is_exhausted() => continue,
                 None => match input.next_batch(&self.table, &mut self.schema)? {
                     Some(batch) => batch,
                     None => {
+                        self.queued[turn] = false;
                         exhausted.push(input.vnode());
                         continue;
                     }
@@ -79,8 +92,14 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             };
             // Look ahead, so the vnode's exhaustion travels with its last rows.
             match input.next_batch(&self.table, &mut self.schema)? {
-                Some(next) => self.ahead[turn] = Some(next),
-                None => exhausted.push(input.vnode()),
+                Some(next) => {
+                    self.ahead[turn] = Some(next);
+                    self.turns.push_back(turn);
+                }
+                None => {
+                    self.queued[turn] = false;
+                    exhausted.push(input.vnode());
+                }
             }
             let last = batch
                 .last_position()
@@ -104,6 +123,22 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
     }
 }
 
+impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
+    fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
+        let input = *self
+            .index
+            .get(&vnode)
+            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))?;
+        self.inputs[input].restart(scan, after);
+        self.ahead[input] = None;
+        if !self.queued[input] {
+            self.queued[input] = true;
+            self.turns.push_back(input);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::error::Error;
@@ -113,9 +148,16 @@ mod tests {
 
     use super::*;
     use crate::merge::testing::{
-        KeyShape, VecScan, check_outputs, drain, ids, int_key, int_rows, int_rows_with_ids,
-        random_case,
+        KeyShape, VecScan, check_outputs, check_restarts, drain, ids, int_key, int_rows,
+        int_rows_with_ids, random_case,
     };
+
+    #[test]
+    fn restarted_inputs_continue_after_their_positions() {
+        for seed in 100..160 {
+            check_restarts(seed, false, |inputs, _| RoundRobin::new(inputs));
+        }
+    }
 
     #[test]
     fn fuzz_every_row_once_in_vnode_order() {

@@ -5,9 +5,15 @@
 //! makes those restarts cost a lookup instead of a read, a checksum, a decode and a key
 //! encoding. Eviction is first-in first-out: the working set (one block per source per
 //! vnode) is revisited in a cycle, which FIFO handles as well as LRU at less cost.
+//!
+//! An evicted block that a reader still holds stays findable: the cache keeps a weak
+//! reference to it, which costs no memory the reader does not already hold. A k-way merge
+//! over thousands of vnodes holds one block per vnode, more than the budget; when a barrier
+//! restarts the scan of a vnode whose rows an upstream change touched, the new scan finds
+//! the very block the old one holds instead of reading and decoding it again.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use hashbrown::HashMap;
 
@@ -28,6 +34,10 @@ struct Inner {
     blocks: HashMap<Key, (Arc<Run>, usize)>,
     order: VecDeque<Key>,
     bytes: usize,
+    /// Evicted blocks that were still held elsewhere when evicted.
+    held: HashMap<Key, Weak<Run>>,
+    /// `held` is swept of dead entries when it grows past this size.
+    sweep_at: usize,
 }
 
 impl BlockCache {
@@ -41,8 +51,15 @@ impl BlockCache {
 
     /// The cached block, if any.
     pub fn get(&self, key: Key) -> Option<Arc<Run>> {
-        let inner = self.inner.lock().ok()?;
-        inner.blocks.get(&key).map(|(run, _)| run.clone())
+        let mut inner = self.inner.lock().ok()?;
+        if let Some((run, _)) = inner.blocks.get(&key) {
+            return Some(run.clone());
+        }
+        let run = inner.held.get(&key)?.upgrade();
+        if run.is_none() {
+            inner.held.remove(&key);
+        }
+        run
     }
 
     /// Keeps a decoded block, evicting the oldest ones beyond the budget.
@@ -56,15 +73,25 @@ impl BlockCache {
         if inner.blocks.insert(key, (run, bytes)).is_some() {
             return;
         }
+        inner.held.remove(&key);
         inner.order.push_back(key);
         inner.bytes += bytes;
         while inner.bytes > self.budget {
             let Some(old) = inner.order.pop_front() else {
                 break;
             };
-            if let Some((_, b)) = inner.blocks.remove(&old) {
+            if let Some((run, b)) = inner.blocks.remove(&old) {
                 inner.bytes -= b;
+                // `run` is the cache's own reference: another means a reader holds it.
+                if Arc::strong_count(&run) > 1 {
+                    inner.held.insert(old, Arc::downgrade(&run));
+                }
             }
+        }
+        if inner.held.len() > inner.sweep_at {
+            inner.held.retain(|_, run| run.strong_count() > 0);
+            // Amortized: the next sweep comes after as many insertions as entries survived.
+            inner.sweep_at = (2 * inner.held.len()).max(1024);
         }
     }
 
@@ -93,6 +120,23 @@ mod tests {
             },
             deleted: None,
         })
+    }
+
+    #[test]
+    fn an_evicted_block_a_reader_holds_is_still_found() {
+        let cache = BlockCache::new(400);
+        let held = run();
+        cache.insert((1, 0), held.clone(), 100);
+        cache.insert((1, 1), run(), 100);
+        for i in 2..6 {
+            cache.insert((1, i), run(), 100);
+        }
+        assert_eq!(cache.bytes(), 400, "the budget holds");
+        let found = cache.get((1, 0)).expect("held by a reader");
+        assert!(Arc::ptr_eq(&found, &held));
+        assert!(cache.get((1, 1)).is_none(), "nobody held it: gone");
+        drop((found, held));
+        assert!(cache.get((1, 0)).is_none(), "released: gone");
     }
 
     #[test]
