@@ -25,6 +25,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result, internal};
+use crate::vnode::VnodeBitmap;
 
 /// Name of the op column in changelog files.
 pub const OP_COLUMN: &str = "_op";
@@ -416,6 +417,14 @@ pub enum Mutation {
     Throttle {
         /// The new limit.
         rows_per_second: Option<u64>,
+    },
+    /// Move vnodes between backfill actors: after this barrier (a checkpoint) actor `i` owns
+    /// `actors[i]`. The sets partition the table's vnodes. Every actor persists its progress
+    /// at the barrier; once the store committed it, the job runtime restarts the actors on
+    /// the new sets, each restoring its vnodes from the committed progress (`src/job/`).
+    Rescale {
+        /// The vnodes of each actor after the barrier.
+        actors: Vec<VnodeBitmap>,
     },
     /// Stop the job after this barrier.
     Stop,

@@ -22,6 +22,7 @@
 //! | What | Types |
 //! |------|-------|
 //! | a job for embedders | [`BackfillJob`]: upstream changes in, the backfill's output out, checkpoints committed |
+//! | parallel actors | [`ParallelBackfill`]: a hash dispatcher, N backfill actors (tokio tasks), a barrier-aligned merge, online rescale; [`VnodeMap`], [`JobControl`] (pause, resume, throttle, rescale at the next barrier), [`JobProgress`] |
 //! | the backfill | [`BackfillExecutor`], [`BackfillConfig`], [`SnapshotOrder`], [`BackfillStats`] |
 //! | its output | [`BackfillStream`] (messages), [`ChangelogStream`] (changelog batches), [`ChangelogReader`] (a blocking `RecordBatchReader`, exported as an Arrow C stream by [`ChangelogReader::into_ffi_stream`]) |
 //! | changes and messages | [`StreamChunk`], [`Op`], [`Message`], [`Barrier`], [`BarrierKind`], [`EpochPair`], [`Mutation`], [`Watermark`] |
@@ -160,7 +161,7 @@ pub use backfill::{
 pub use chunk::{Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk, Watermark};
 pub use error::{Error, Result};
 pub use ffi::ChangelogReader;
-pub use job::BackfillJob;
+pub use job::{BackfillJob, JobControl, JobProgress, ParallelBackfill, VnodeMap};
 pub use key::{KeyColumn, Position, PrimaryKey};
 pub use store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
 pub use table::{Distribution, TableDesc};

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use arrangement_backfill::Result;
 use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::job::replay::{
-    Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, STATE_DIR, StateChoice,
-    default_out_dir, run_replay_until,
+    Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint, STATE_DIR, StateChoice,
+    default_out_dir, default_parallelism, run_replay_until,
 };
 use arrangement_backfill::replay::{
     Dataset, GenKind, GenOptions, SyntheticShape, generate, verify,
@@ -101,6 +101,14 @@ struct ReplayArgs {
     /// least 1; leave out for no limit).
     #[arg(long, value_parser = parse_rate)]
     upstream_rate: Option<u64>,
+    /// Backfill actors, each a task over an even share of the vnodes (1 to the vnode count)
+    /// [default: the number of cores].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    parallelism: Option<u64>,
+    /// Rescale online to N actors at the first checkpoint at or after the barrier that
+    /// closes dataset epoch EPOCH (repeatable).
+    #[arg(long, value_name = "EPOCH:N")]
+    rescale: Vec<RescalePoint>,
     /// Progress display [default: bar on a terminal, plain otherwise].
     #[arg(long, value_enum)]
     progress: Option<ProgressArg>,
@@ -306,6 +314,17 @@ fn replay(args: ReplayArgs) -> Result<()> {
         barrier_interval: args.barrier_interval_ms.map(Duration::from_millis),
         rate_limit: args.rate_limit,
         upstream_rate: args.upstream_rate,
+        parallelism: match args.parallelism {
+            Some(n) if n > args.vnodes as u64 => {
+                return Err(arrangement_backfill::Error::InvalidConfig(format!(
+                    "--parallelism {n} exceeds the {} vnodes: choose 1 to {}",
+                    args.vnodes, args.vnodes
+                )));
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => default_parallelism().min(args.vnodes),
+        },
+        rescales: args.rescale.clone(),
         ..options
     };
     let mode = args.progress.unwrap_or(if std::io::stderr().is_terminal() {
@@ -392,6 +411,38 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.epochs,
         s.checkpoints
     );
+    say!(
+        "  actors            {:>12}  (vnodes each: {:?}; {} online rescales, longest pause {:.1?} \
+         of which restart {:.1?})",
+        s.actors.len(),
+        s.actors,
+        s.rescales,
+        s.rescale_pause_max,
+        s.rescale_restart_max
+    );
+    if let Some(c) = &s.certificate {
+        if c.matches() {
+            say!(
+                "  certificate       {:>12}  rows in {} vnodes at epoch {}: downstream == upstream \
+                 per vnode (count and checksum of {} columns)",
+                c.upstream_rows,
+                c.vnodes,
+                c.epoch,
+                c.hashed_columns
+            );
+        } else {
+            say!(
+                "  certificate       MISMATCH in {} of {} vnodes at epoch {} (first: {:?}); \
+                 downstream {} rows, upstream {}",
+                c.mismatches,
+                c.vnodes,
+                c.epoch,
+                c.mismatched,
+                c.downstream_rows,
+                c.upstream_rows
+            );
+        }
+    }
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }
 
@@ -432,25 +483,41 @@ impl ProgressDisplay {
     fn update(&mut self, p: &ReplayProgress) {
         match self {
             ProgressDisplay::Bar(bar, vnodes) => {
-                bar.set_length(p.snapshot_total);
-                bar.set_position(p.backfill.snapshot_rows.min(p.snapshot_total));
+                // `rows_total` is never below `rows_read`: the bar stays within 100%.
+                bar.set_length(p.job.rows_total);
+                bar.set_position(p.job.rows_read);
                 bar.set_message(format!(
-                    "| vnodes done {}/{} | upstream changes {} | output rows {}",
-                    p.backfill.vnodes.completed, vnodes, p.upstream_changes, p.output_rows
+                    "| vnodes done {}/{} | actors {} | upstream changes {} | output rows {}",
+                    p.job.vnodes.completed,
+                    vnodes,
+                    p.job.actors.len(),
+                    p.upstream_changes,
+                    p.output_rows
                 ));
             }
             ProgressDisplay::Plain(last, vnodes) => {
                 if last.elapsed() >= Duration::from_secs(1) {
                     *last = Instant::now();
+                    let j = &p.job;
+                    let actors: Vec<String> = j.actors.iter().map(|a| a.rows.to_string()).collect();
+                    let eta = j
+                        .eta
+                        .map_or_else(|| "?".to_string(), |eta| format!("{:.0?}", eta));
                     eprintln!(
-                        "snapshot {}/{} rows, vnodes done {}/{}, upstream changes {}, output rows {}, epoch {}",
-                        p.backfill.snapshot_rows,
-                        p.snapshot_total,
-                        p.backfill.vnodes.completed,
+                        "snapshot {}/{} rows ({:.0} rows/s, ETA {eta}), vnodes done {}/{} \
+                         (in progress {}, not started {}), actor rows [{}], upstream changes {}, \
+                         output rows {}, epoch {}",
+                        j.rows_read,
+                        j.rows_total,
+                        j.rate,
+                        j.vnodes.completed,
                         vnodes,
+                        j.vnodes.in_progress,
+                        j.vnodes.not_started,
+                        actors.join(", "),
                         p.upstream_changes,
                         p.output_rows,
-                        p.backfill.epoch
+                        j.epoch
                     );
                 }
             }

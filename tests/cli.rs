@@ -108,8 +108,69 @@ fn generated_datasets_replay_exactly_once_in_every_mode() {
             let stdout = String::from_utf8_lossy(&o.stdout);
             assert!(stdout.contains("verified"), "{}", text(&o));
             assert!(stdout.contains("snapshot rows"), "{}", text(&o));
+            assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
             ok(&["verify", path(&dataset), path(&out)]);
         }
+    }
+}
+
+/// Exactly-once replays, verified, with 1 to 3 actors over 1, 64 and 256 vnodes, and online
+/// rescales up and down mid-backfill.
+#[test]
+fn parallel_replays_and_online_rescales_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "composite", "11");
+    let runs: [(&str, &str, &[&str]); 7] = [
+        ("1", "1", &[]),
+        ("64", "1", &[]),
+        ("64", "2", &[]),
+        ("256", "3", &[]),
+        ("64", "3", &["--rescale", "2:1", "--rescale", "5:3"]),
+        ("256", "1", &["--rescale", "1:3", "--rescale", "4:2"]),
+        ("64", "2", &["--rescale", "3:2", "--checkpoint-every", "3"]),
+    ];
+    for (i, (vnodes, parallelism, extra)) in runs.into_iter().enumerate() {
+        let out = tmp.path().join(format!("out-{i}"));
+        let mut args = vec![
+            "replay",
+            path(&dataset),
+            "--out",
+            path(&out),
+            "--progress",
+            "none",
+            "--vnodes",
+            vnodes,
+            "--parallelism",
+            parallelism,
+            "--batch-size",
+            "50",
+            "--upstream-rate",
+            "20000",
+            "--verify",
+        ];
+        args.extend_from_slice(extra);
+        let o = ok(&args);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains("verified"), "{}", text(&o));
+        assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
+        let rescales = extra.iter().filter(|a| **a == "--rescale").count();
+        assert!(
+            stdout.contains(&format!("{rescales} online rescales")),
+            "{}",
+            text(&o)
+        );
+    }
+    // More actors than vnodes, and a malformed rescale, are usage errors.
+    let out = tmp.path().join("out-bad");
+    for bad in [
+        &["--vnodes", "4", "--parallelism", "5"][..],
+        &["--rescale", "3"][..],
+        &["--vnodes", "4", "--rescale", "3:9"][..],
+    ] {
+        let mut args = vec!["replay", path(&dataset), "--out", path(&out)];
+        args.extend_from_slice(bad);
+        let o = backfill(&args);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", text(&o));
     }
 }
 
@@ -137,6 +198,13 @@ fn plain_progress_reports_on_stderr() {
     );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("vnodes done"), "{}", text(&o));
+    // Rows read never pass the total (upstream inserts read by the snapshot raise the total).
+    for line in stderr.lines().filter(|l| l.starts_with("snapshot ")) {
+        let fraction = line["snapshot ".len()..].split(' ').next().unwrap();
+        let (read, total) = fraction.split_once('/').unwrap();
+        let (read, total): (u64, u64) = (read.parse().unwrap(), total.parse().unwrap());
+        assert!(read <= total, "past 100%: {line}");
+    }
 }
 
 #[test]

@@ -148,6 +148,33 @@ fn sigkill_at_any_moment_then_the_same_command_gives_a_verified_output() {
     assert!(started.elapsed() < Duration::from_secs(600));
 }
 
+/// Killed mid-run with 3 actors and rescales pending, resumed with 1 actor and other
+/// rescales: progress is per vnode, so any parallelism restores it; the output verifies.
+#[test]
+fn a_run_killed_with_several_actors_resumes_with_another_parallelism() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "ds", "33");
+    for (i, delay_ms) in [200u64, 700].into_iter().enumerate() {
+        let out = tmp.path().join(format!("out-{i}"));
+        let mut args = replay_args(&dataset, &out);
+        args.extend(["--parallelism", "3", "--rescale", "3:1", "--rescale", "6:2"]);
+        let mut child = spawn(&args);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        let mut args = replay_args(&dataset, &out);
+        args.extend(["--parallelism", "1", "--rescale", "10:3"]);
+        let o = run(&args);
+        assert!(
+            o.status.success(),
+            "resume after {delay_ms} ms: {}",
+            text(&o)
+        );
+        verify(&dataset, &out);
+        no_tmp_files(&out);
+    }
+}
+
 fn signal(child: &Child, name: &str) {
     let status = Command::new("kill")
         .args([&format!("-{name}"), &child.id().to_string()])

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrangement_backfill::backfill::SnapshotOrder;
-use arrangement_backfill::job::replay::{ReplayOptions, StateChoice, run_replay};
+use arrangement_backfill::job::replay::{ReplayOptions, RescalePoint, StateChoice, run_replay};
 use arrangement_backfill::replay::{Dataset, verify};
 use arrangement_backfill::vnode::VnodeCount;
 use arrow_array::{
@@ -211,10 +211,28 @@ fn random_datasets_with_random_options_replay_exactly_once() {
     for case in 0..40 {
         let dataset = random_dataset(&mut rng, &tmp.path().join(format!("ds-{case}")));
         let out = tmp.path().join(format!("out-{case}"));
-        let options = random_options(&mut rng, &out);
+        let mut options = random_options(&mut rng, &out);
+        // Actors and rescales from a generator of their own, so the cases stay as they were.
+        let mut actors = StdRng::seed_from_u64(case);
+        let vnodes = options.vnodes.get();
+        options.parallelism = actors.random_range(1..=3).min(vnodes);
+        options.rescales = (0..actors.random_range(0..3))
+            .map(|_| RescalePoint {
+                after_epoch: actors.random_range(1..8),
+                actors: actors.random_range(1..=3).min(vnodes),
+            })
+            .collect();
         let summary = runtime
             .block_on(run_replay(&dataset, &options, |_| {}))
             .unwrap_or_else(|e| panic!("case {case} ({options:?}): {e}"));
+        let certificate = summary
+            .certificate
+            .clone()
+            .expect("a finished replay certifies");
+        assert!(
+            certificate.matches(),
+            "case {case} ({options:?}): {certificate:?}"
+        );
         verify(&dataset, &out)
             .unwrap_or_else(|e| panic!("case {case} ({options:?}, {summary:?}): {e}"));
     }

@@ -373,7 +373,9 @@ impl<T: Tracker> BackfillCore<T> {
                 actions.push(Action::SetRateLimit(*rows_per_second));
             }
             Some(Mutation::Stop) => return true,
-            None => {}
+            // The job runtime moves vnodes between actors after this barrier; the core's part
+            // (persisting every changed vnode at the barrier) is what every barrier does.
+            Some(Mutation::Rescale { .. }) | None => {}
         }
         false
     }

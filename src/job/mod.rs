@@ -1,16 +1,38 @@
 //! Jobs: what wires an upstream, the backfill and a sink together.
 //!
-//! Two jobs exist. [`BackfillJob`] is for embedders: it applies an upstream change stream to
-//! the upstream table, runs the backfill over it and commits the store at the checkpoints
-//! the embedder collects (`handle.rs`). The dataset [`replay`] is the command-line tool's: a
-//! single backfill actor owning every vnode, fed by a source task that materializes the
-//! changelog into the upstream table, draining into a Parquet sink (`sink.rs`) committed by
-//! two-phase commit, with barriers from the barrier injector (`barrier.rs`). Parallel actors,
-//! the hash dispatcher and barrier-aligned merging come with the parallelism work.
+//! ```text
+//!   upstream source ──▶ dispatcher ──▶ N backfill actors ──▶ aligned merge ──▶ sink / consumer
+//!   (materialize)       (by vnode)     (tokio tasks)         (barriers align)   (commit)
+//! ```
+//!
+//! Two jobs exist. [`BackfillJob`] is for embedders who want one executor over some vnodes:
+//! it applies an upstream change stream to the upstream table, runs the backfill over it and
+//! commits the store at the checkpoints the embedder collects (`handle.rs`).
+//! [`ParallelBackfill`] is the parallel runtime (`runtime.rs`): the hash dispatcher
+//! (`dispatcher.rs`, [`VnodeMap`]), N backfill actors each a tokio task (`actors.rs`), the
+//! barrier-aligned merge (`aligned_merge.rs`), online rescale, a control handle
+//! (`control.rs`, [`JobControl`]) and job-level progress (`progress.rs`, [`JobProgress`]).
+//! When a replay finishes, `certificate.rs` compares per vnode what the downstream received
+//! with the upstream table ([`Certificate`]).
+//! The dataset [`replay`] is the command-line tool's: a source task that materializes the
+//! changelog into the upstream table, the parallel runtime, and a Parquet sink (`sink.rs`)
+//! committed by two-phase commit, with barriers from the barrier injector (`barrier.rs`).
 
+mod actors;
+mod aligned_merge;
 pub(crate) mod barrier;
+mod certificate;
+mod control;
+mod dispatcher;
 mod handle;
+mod progress;
 pub mod replay;
+mod runtime;
 pub(crate) mod sink;
 
+pub use certificate::{Certificate, TableDigest};
+pub use control::{CONTROL_CAPACITY, JobControl};
+pub use dispatcher::VnodeMap;
 pub use handle::BackfillJob;
+pub use progress::{ActorProgress, JobProgress};
+pub use runtime::ParallelBackfill;

@@ -31,7 +31,7 @@
 //! vnodes are never read again), and barriers continue after the committed epoch. A finished
 //! job says so and does nothing. The output directory is locked (`OUT/.lock`) for the run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -43,11 +43,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::backfill::BackfillStats;
-use crate::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use crate::backfill::{BackfillConfig, SnapshotOrder};
 use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
+use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
@@ -108,6 +109,40 @@ pub struct ReplayOptions {
     pub durable: DurableOptions,
     /// The file I/O of the durable store and the sink (tests inject faults here).
     pub io: Arc<dyn StorageIo>,
+    /// Backfill actors, at least 1; more than the vnode count are reduced to it (the default,
+    /// the number of cores, may exceed a small vnode count).
+    pub parallelism: usize,
+    /// Online rescales: at the first checkpoint at or after the barrier that closes dataset
+    /// epoch `after_epoch`, move to `actors` actors.
+    pub rescales: Vec<RescalePoint>,
+}
+
+/// An online rescale of a replay (`--rescale EPOCH:N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RescalePoint {
+    /// The dataset epoch after which to rescale.
+    pub after_epoch: u64,
+    /// The actors after the rescale.
+    pub actors: usize,
+}
+
+impl std::str::FromStr for RescalePoint {
+    type Err = Error;
+
+    /// `EPOCH:N`.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::InvalidConfig(format!("a rescale is EPOCH:ACTORS, not `{s}`"));
+        let (epoch, actors) = s.split_once(':').ok_or_else(bad)?;
+        Ok(Self {
+            after_epoch: epoch.trim().parse().map_err(|_| bad())?,
+            actors: actors.trim().parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// The default parallelism: the number of cores (1 if unknown).
+pub fn default_parallelism() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl ReplayOptions {
@@ -128,6 +163,8 @@ impl ReplayOptions {
             upstream_rate: None,
             durable: DurableOptions::default(),
             io: RealIo::shared(),
+            parallelism: default_parallelism(),
+            rescales: Vec::new(),
         }
     }
 }
@@ -137,8 +174,10 @@ impl ReplayOptions {
 pub struct ReplayProgress {
     /// Snapshot rows in the dataset.
     pub snapshot_total: u64,
-    /// The backfill's counters.
+    /// The backfill's counters, summed over its actors.
     pub backfill: BackfillStats,
+    /// The job's progress: rows read of the estimated total, rate, ETA, per-actor rows.
+    pub job: JobProgress,
     /// Changelog rows applied upstream so far (including before a resume).
     pub upstream_changes: u64,
     /// Rows published to the output by this run.
@@ -172,6 +211,17 @@ pub struct ReplaySummary {
     pub changes_already_applied: u64,
     /// The job had finished before this run: nothing was done.
     pub already_finished: bool,
+    /// Vnodes of each actor at the end.
+    pub actors: Vec<usize>,
+    /// Online rescales this run went through.
+    pub rescales: u64,
+    /// The longest a rescale held the job (see [`JobProgress::rescale_pause_max`]).
+    pub rescale_pause_max: Duration,
+    /// The longest restart part of a rescale (see [`JobProgress::rescale_restart_max`]).
+    pub rescale_restart_max: Duration,
+    /// Per vnode, the committed output against the upstream table at the final checkpoint
+    /// (count and checksum); `None` when the run did not reach it.
+    pub certificate: Option<Certificate>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -234,6 +284,16 @@ pub async fn run_replay_until(
         ));
     }
     BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
+    let vnodes = options.vnodes.get();
+    let actors =
+        std::iter::once(options.parallelism).chain(options.rescales.iter().map(|r| r.actors));
+    for actors in actors {
+        if actors == 0 || (actors > vnodes && actors != options.parallelism) {
+            return Err(Error::InvalidConfig(format!(
+                "{actors} backfill actors for {vnodes} vnodes: choose 1 to {vnodes}"
+            )));
+        }
+    }
     check_out_dir(dataset, &options.out)?;
     let summary = dataset.validate()?;
     let desc = dataset.table_desc(options.vnodes)?;
@@ -498,6 +558,11 @@ impl<'a, S: StateStore> Job<'a, S> {
             resumed_from: record.map(|(epoch, _, _)| epoch),
             changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
             already_finished: record.is_some_and(|(_, _, finished)| finished),
+            actors: Vec::new(),
+            rescales: 0,
+            rescale_pause_max: Duration::ZERO,
+            rescale_restart_max: Duration::ZERO,
+            certificate: None,
         };
         if summary.already_finished {
             summary.elapsed = started.elapsed();
@@ -535,9 +600,14 @@ impl<'a, S: StateStore> Job<'a, S> {
             rate_limit: self.options.rate_limit,
             progress_table: None,
         };
-        let executor = BackfillExecutor::arrangement(store, &name, all, config)?;
-        let stats = executor.stats();
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let actors = self.options.parallelism.min(self.desc.vnode_count().get());
+        let map = VnodeMap::even(self.desc.vnode_count(), actors)?;
+        let mut runtime =
+            ParallelBackfill::start(store, &name, map, config, self.snapshot_rows, rx)?;
+        let stats = runtime.stats();
+        let mut rescales = self.options.rescales.clone();
+        rescales.sort_by_key(|r| r.after_epoch);
         let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
         let source = Source {
             dataset: self.dataset.clone(),
@@ -550,6 +620,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             upstream_rate: self.options.upstream_rate,
             skip: applied,
             applied_at: applied_at.clone(),
+            control: runtime.control(),
+            rescales: rescales.into(),
         };
         let (changes_tx, changes_rx) = watch::channel(applied);
         let mut source_task = tokio::spawn(source.run(changes_tx));
@@ -557,8 +629,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         let source_guard = AbortOnDrop(source_task.abort_handle());
         let result = self
             .drive(
-                executor,
-                rx,
+                &mut runtime,
                 &stats,
                 &changes_rx,
                 &applied_at,
@@ -570,24 +641,49 @@ impl<'a, S: StateStore> Job<'a, S> {
             )
             .await;
         if result.is_err() {
-            // Wait for the aborted source to let go of its table handle (and so of the
-            // store and its directory lock) before reporting.
+            // Wait for the aborted source and actors to let go of their table handles (and
+            // so of the store and its directory lock) before reporting.
             drop(source_guard);
             let _ = (&mut source_task).await;
+            runtime.shutdown().await;
             return Err(result.err().unwrap_or_else(|| internal!("unreachable")));
         }
         let total_applied = source_task
             .await
             .map_err(|e| internal!("the source task failed: {e}"))??;
         drop(source_guard);
+        runtime.shutdown().await;
         if !stats.borrow().finished {
             return Err(internal!("the job stopped before the backfill finished"));
         }
         summary.upstream_changes = total_applied - applied;
         summary.output_rows = sink.rows_published();
         summary.output_files = sink.files_published();
+        {
+            let job = runtime.progress().borrow().clone();
+            summary.actors = job.actors.iter().map(|a| a.vnodes).collect();
+            summary.rescales = job.rescales;
+            summary.rescale_pause_max = job.rescale_pause_max;
+            summary.rescale_restart_max = job.rescale_restart_max;
+        }
         summary.elapsed = started.elapsed();
         Ok(summary)
+    }
+
+    /// The completion certificate at the final checkpoint `epoch` (committed and published).
+    fn certify(&self, epoch: u64) -> Result<Certificate> {
+        let all = VnodeBitmap::full(self.desc.vnode_count());
+        let upstream = {
+            let table = self.store.table(self.desc.name(), all)?;
+            TableDigest::of_table(&table, epoch)?
+        };
+        let downstream = TableDigest::of_output(&self.options.out, &self.desc)?;
+        Ok(Certificate::compare(
+            &self.desc,
+            epoch,
+            &downstream,
+            &upstream,
+        ))
     }
 
     /// Runs the backfill over the source's messages and commits its checkpoints, until the
@@ -598,8 +694,7 @@ impl<'a, S: StateStore> Job<'a, S> {
     )]
     async fn drive(
         &self,
-        executor: BackfillExecutor<S, crate::backfill::ArrangementTracker>,
-        rx: mpsc::Receiver<Result<Message>>,
+        downstream: &mut ParallelBackfill,
         stats: &watch::Receiver<BackfillStats>,
         changes_rx: &watch::Receiver<u64>,
         applied_at: &Mutex<BTreeMap<u64, u64>>,
@@ -610,7 +705,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<()> {
         let store = &self.store;
-        let mut downstream = Box::pin(executor.execute(rx));
+        let job_progress = downstream.progress();
         let mut progress = ReplayProgress {
             snapshot_total: self.snapshot_rows,
             ..ReplayProgress::default()
@@ -654,14 +749,19 @@ impl<'a, S: StateStore> Job<'a, S> {
                         }
                         let prepared = sink.prepare(prev)?;
                         store.commit(prev)?;
+                        downstream.committed(prev);
                         if let Some(prepared) = prepared {
                             sink.publish(prepared)?;
                         }
                         summary.checkpoints += 1;
+                        if barrier.mutation == Some(Mutation::Stop) {
+                            summary.certificate = Some(self.certify(prev)?);
+                        }
                     }
                 }
             }
             progress.backfill = stats.borrow().clone();
+            progress.job = job_progress.borrow().clone();
             progress.upstream_changes = *changes_rx.borrow();
             progress.output_rows = sink.rows_published();
             on_progress(&progress);
@@ -694,6 +794,10 @@ struct Source<T: StateTable> {
     skip: u64,
     /// Changelog rows applied as of each sealed epoch (the job record of its checkpoint).
     applied_at: Arc<Mutex<BTreeMap<u64, u64>>>,
+    /// Where rescales are requested.
+    control: JobControl,
+    /// Rescales not yet requested, by dataset epoch.
+    rescales: VecDeque<RescalePoint>,
 }
 
 impl<T: StateTable> Source<T> {
@@ -738,9 +842,12 @@ impl<T: StateTable> Source<T> {
                 skip = 0;
             }
             // A new dataset epoch: close the previous one, unless an interval barrier did.
-            if dataset_epoch.is_some_and(|e| e != item.epoch) && dirty {
-                self.barrier(None, rows).await?;
-                last_barrier = Instant::now();
+            if let Some(closed) = dataset_epoch.filter(|e| *e != item.epoch) {
+                self.request_rescales(closed)?;
+                if dirty {
+                    self.barrier(None, rows).await?;
+                    last_barrier = Instant::now();
+                }
             }
             dataset_epoch = Some(item.epoch);
             if let Some(rate) = self.upstream_rate.filter(|r| *r > 0) {
@@ -776,6 +883,9 @@ impl<T: StateTable> Source<T> {
             });
         }
         // Close the last dataset epoch.
+        if let Some(closed) = dataset_epoch {
+            self.request_rescales(closed)?;
+        }
         if dirty {
             self.barrier(None, rows).await?;
         }
@@ -799,6 +909,19 @@ impl<T: StateTable> Source<T> {
         }
         self.barrier(Some(Mutation::Stop), rows).await?;
         Ok(rows)
+    }
+
+    /// Requests the rescales due once dataset epoch `closed` is closed: the runtime attaches
+    /// each to the first checkpoint barrier from the next one on.
+    fn request_rescales(&mut self, closed: u64) -> Result<()> {
+        while let Some(point) = self.rescales.front().copied() {
+            if point.after_epoch > closed {
+                break;
+            }
+            self.rescales.pop_front();
+            self.control.rescale(point.actors)?;
+        }
+        Ok(())
     }
 
     /// Waits up to `timeout` for the backfill's counters to satisfy `done`; returns whether

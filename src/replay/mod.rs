@@ -23,7 +23,7 @@ mod by_key;
 mod changelog;
 mod dataset;
 mod extsort;
-mod files;
+pub(crate) mod files;
 #[cfg(feature = "cli")]
 mod generate;
 mod manifest;

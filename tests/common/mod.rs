@@ -718,7 +718,7 @@ impl Harness {
     }
 }
 
-fn random_key(shape: Shape, rng: &mut StdRng, domain: usize) -> Key {
+pub fn random_key(shape: Shape, rng: &mut StdRng, domain: usize) -> Key {
     match shape {
         Shape::Int64 => Key::Int(rng.random_range(0..domain as i64)),
         Shape::Composite => {
