@@ -22,8 +22,12 @@ use std::path::Path;
 
 use arrow_array::{ArrayRef, RecordBatch};
 
-use crate::chunk::StreamChunk;
-use crate::error::{Result, internal};
+use arrow_array::Array;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int8Type;
+
+use crate::chunk::{OP_COLUMN, Op, StreamChunk};
+use crate::error::{Error, Result, internal};
 use crate::store::{SnapshotScan, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeCount, check_hashable, hash_rows};
@@ -83,9 +87,23 @@ impl TableDigest {
 
     /// Applies a chunk of changes of the table `desc`: inserts add, deletes subtract.
     pub fn apply(&mut self, desc: &TableDesc, chunk: &StreamChunk) -> Result<()> {
-        let vnodes = desc.vnodes_of(chunk.batch())?;
-        let hashes = Self::row_hashes(chunk.batch())?;
-        for ((vnode, hash), op) in vnodes.iter().zip(&hashes).zip(chunk.ops()) {
+        self.apply_rows(desc, chunk.batch(), chunk.ops())
+    }
+
+    /// Applies rows of the table `desc` with their ops. Unlike a [`StreamChunk`], the rows
+    /// may cut an update pair in two (a batch read back from a file ends where it ends): the
+    /// digest counts each row on its own.
+    fn apply_rows(&mut self, desc: &TableDesc, batch: &RecordBatch, ops: &[Op]) -> Result<()> {
+        if ops.len() != batch.num_rows() {
+            return Err(internal!(
+                "{} ops for {} rows in a digest",
+                ops.len(),
+                batch.num_rows()
+            ));
+        }
+        let vnodes = desc.vnodes_of(batch)?;
+        let hashes = Self::row_hashes(batch)?;
+        for ((vnode, hash), op) in vnodes.iter().zip(&hashes).zip(ops) {
             let i = vnode.index();
             let (rows, sum) = match (self.rows.get_mut(i), self.sums.get_mut(i)) {
                 (Some(r), Some(s)) => (r, s),
@@ -117,6 +135,11 @@ impl TableDigest {
 
     /// The digest of the committed output of a replay in `out` (`changes/epoch-*.parquet`).
     pub fn of_output(out: &Path, desc: &TableDesc) -> Result<Self> {
+        Self::of_output_in_batches(out, desc, DIGEST_BATCH_ROWS)
+    }
+
+    /// [`TableDigest::of_output`], reading `batch_rows` rows at a time.
+    fn of_output_in_batches(out: &Path, desc: &TableDesc, batch_rows: usize) -> Result<Self> {
         let dir = out.join("changes");
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| crate::store::io::named(&dir, e))? {
@@ -130,17 +153,55 @@ impl TableDigest {
         let mut digest = Self::new(desc.vnode_count());
         let schema = desc.schema();
         for path in files {
-            let mut reader = crate::replay::files::open_reader(&path, DIGEST_BATCH_ROWS)?;
+            let mut reader = crate::replay::files::open_reader(&path, batch_rows)?;
             while let Some(batch) = crate::replay::files::next_batch(&mut reader, &path) {
-                let (chunk, _) = StreamChunk::from_changelog(&batch?)?;
-                let (batch, ops) = chunk.into_parts();
-                let columns = crate::replay::files::conform(batch.columns(), schema)?;
+                // Batches of a file may end between the two halves of an update pair, so
+                // they are not read as chunks: only each row's op and values count here.
+                let batch = batch?;
+                let ops = ops_of(&batch, &path)?;
+                let columns: Vec<ArrayRef> = schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        batch.column_by_name(f.name()).cloned().ok_or_else(|| {
+                            Error::dataset(
+                                &path,
+                                "columns",
+                                format!("the output lacks column `{}`", f.name()),
+                            )
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                let columns = crate::replay::files::conform(&columns, schema)?;
                 let batch = RecordBatch::try_new(schema.clone(), columns)?;
-                digest.apply(desc, &StreamChunk::new(batch, ops)?)?;
+                digest.apply_rows(desc, &batch, &ops)?;
             }
         }
         Ok(digest)
     }
+}
+
+/// The op of every row of a changelog batch read from `path`.
+fn ops_of(batch: &RecordBatch, path: &Path) -> Result<Vec<Op>> {
+    let invalid = |message: String| Error::dataset(path, "column `_op`", message);
+    let column = batch
+        .column_by_name(OP_COLUMN)
+        .ok_or_else(|| invalid("missing".into()))?;
+    let codes = column
+        .as_primitive_opt::<Int8Type>()
+        .filter(|c| c.null_count() == 0)
+        .ok_or_else(|| {
+            invalid(format!(
+                "must be non-null Int8, found {}",
+                column.data_type()
+            ))
+        })?;
+    codes
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(row, &code)| Op::from_code(code).map_err(|e| invalid(format!("row {row}: {e}"))))
+        .collect()
 }
 
 /// The downstream's digest against the upstream's, vnode by vnode.
@@ -242,6 +303,34 @@ mod tests {
         let certificate = Certificate::compare(&desc, 5, &log, &table);
         assert!(certificate.matches());
         assert_eq!(certificate.upstream_rows, 2);
+    }
+
+    #[test]
+    fn output_batches_that_cut_an_update_pair_in_two_still_digest() {
+        let desc = desc();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("changes")).unwrap();
+        let log = chunk(&desc, "+ 1 10\n+ 2 20\nU- 2 20\nU+ 2 21\n- 1 10")
+            .to_changelog(Some(7))
+            .unwrap();
+        let path = dir
+            .path()
+            .join("changes/epoch-00000000000000000007.parquet");
+        let mut writer = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            log.schema(),
+            None,
+        )
+        .unwrap();
+        writer.write(&log).unwrap();
+        writer.close().unwrap();
+        let mut table = TableDigest::new(desc.vnode_count());
+        table.apply(&desc, &chunk(&desc, "+ 2 21")).unwrap();
+        // Batches of 3 rows: the first ends with the U-, the second starts with its U+.
+        for rows in [1, 2, 3, 1024] {
+            let read = TableDigest::of_output_in_batches(dir.path(), &desc, rows).unwrap();
+            assert_eq!(read, table, "batches of {rows}");
+        }
     }
 
     #[test]

@@ -50,6 +50,7 @@ use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
+use crate::replay::prefetch::Prefetch;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
 use crate::store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
@@ -60,6 +61,8 @@ use crate::vnode::{VnodeBitmap, VnodeCount};
 const SNAPSHOT_EPOCH: u64 = 1;
 /// Rows per Parquet read and store write while bulk loading the snapshot.
 const LOAD_BATCH_ROWS: usize = 64 * 1024;
+/// Batches a reader thread decodes ahead of the load and of the upstream source.
+const READ_AHEAD: usize = 4;
 /// Upstream messages in flight between the source task and the backfill.
 const CHANNEL_CAPACITY: usize = 64;
 /// The barrier interval once the changelog is exhausted, when none is configured.
@@ -576,7 +579,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let load_started = Instant::now();
                 store.create_table(self.desc.clone())?;
                 let mut upstream = store.table(&name, all.clone())?;
-                for batch in self.dataset.read_snapshot(LOAD_BATCH_ROWS)? {
+                // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
+                let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
+                for batch in Prefetch::new("backfill-load", READ_AHEAD, batches)? {
                     upstream.write(&StreamChunk::inserts(batch?))?;
                 }
                 upstream.seal(SNAPSHOT_EPOCH)?;
@@ -826,7 +831,8 @@ impl<T: StateTable> Source<T> {
         // The first barrier closes the committed epoch, which the store already holds.
         let first = self.injector.next(None);
         self.send(Message::Barrier(first)).await?;
-        for item in self.dataset.read_changes(self.batch_size)? {
+        let changes = self.dataset.read_changes(self.batch_size)?;
+        for item in Prefetch::new("backfill-changes", READ_AHEAD, changes)? {
             let mut item = item?;
             if skip > 0 {
                 let n = item.chunk.num_rows() as u64;

@@ -29,6 +29,7 @@ mod generate;
 mod manifest;
 #[cfg(test)]
 mod model;
+pub(crate) mod prefetch;
 #[cfg(test)]
 mod testing;
 mod validate;

@@ -25,11 +25,14 @@
 use super::by_key::{KeyedChanges, Payload};
 use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
+use super::prefetch::Prefetch;
 use crate::error::{Error, Result};
 use crate::vnode::VnodeCount;
 
 /// Rows per batch read during validation.
 const BATCH_SIZE: usize = 8192;
+/// Batches decoded ahead of the sort, on a reader thread.
+const READ_AHEAD: usize = 8;
 
 /// The one validation entry point is a method of [`Dataset`], defined here so that the
 /// dataset module does not depend on its validation.
@@ -89,14 +92,19 @@ fn read(
     }
     for path in dataset.snapshot_files() {
         let mut first_row = 0u64;
-        for batch in input!(dataset.snapshot_file_reader(path, BATCH_SIZE)) {
+        let batches = input!(dataset.snapshot_file_reader(path, BATCH_SIZE));
+        for batch in Prefetch::new("backfill-validate", READ_AHEAD, batches)? {
             let batch = input!(batch);
             input!(rows.push_snapshot(path, first_row, &batch)?);
             first_row += batch.num_rows() as u64;
         }
         summary.snapshot_rows += first_row;
     }
-    for changes in dataset.changelog(BATCH_SIZE) {
+    for changes in Prefetch::new(
+        "backfill-validate",
+        READ_AHEAD,
+        dataset.changelog(BATCH_SIZE),
+    )? {
         let changes = input!(changes);
         input!(rows.push_changes(&changes)?);
         for &epoch in &changes.epochs {
