@@ -268,6 +268,8 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
         let mut installs: Vec<(VirtualNode, VnodeRuns)> = Vec::with_capacity(job.len());
         let mut edits = Vec::with_capacity(job.len());
         let mut used_output = false;
+        // The output runs follow the job's order (a vnode left empty has none).
+        let mut outputs = spans.iter().peekable();
         for input in &job {
             let current = &current_table.vnodes[input.vnode.index()];
             let same_base = match (&current.base, &input.runs.base) {
@@ -287,9 +289,8 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
                     input.vnode
                 )));
             }
-            let output = spans
-                .iter()
-                .find(|s| s.vnode == input.vnode)
+            let output = outputs
+                .next_if(|s| s.vnode == input.vnode)
                 .map(|span| DiskRun {
                     file: file.clone(),
                     span: *span,

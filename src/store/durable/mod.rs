@@ -54,14 +54,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 
 use self::file::{DiskRun, RunFile, RunFileWriter, RunSpan};
 use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
-use super::run::{MergeReader, Run, RunList, build_pending_runs};
+use super::run::{MergeReader, Run, RunList, build_pending_sliced_runs};
 use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -158,34 +158,31 @@ struct LogState {
 /// One run of a sealed layer: still in memory, or spilled to an uncommitted file.
 #[derive(Debug, Clone)]
 enum LayerRun {
-    Memory(Arc<Run>),
+    /// A run and its share of memory (runs of one seal are slices of one batch).
+    Memory(Arc<Run>, usize),
     Disk(DiskRun),
 }
 
 impl LayerRun {
     fn list(&self) -> Box<dyn RunList> {
         match self {
-            LayerRun::Memory(run) => Box::new(vec![run.clone()]),
+            LayerRun::Memory(run, _) => Box::new(vec![run.clone()]),
             LayerRun::Disk(run) => Box::new(run.clone()),
         }
     }
 
     fn memory_bytes(&self) -> usize {
         match self {
-            LayerRun::Memory(run) => run_bytes(run),
+            LayerRun::Memory(_, bytes) => *bytes,
             LayerRun::Disk(_) => 0,
         }
     }
 }
 
-fn run_bytes(run: &Run) -> usize {
-    run.data.batch.get_array_memory_size() + run.data.keys.get_array_memory_size()
-}
-
 /// One epoch's changes of a table: per vnode, its runs oldest first.
 type Layer = HashMap<VirtualNode, Vec<LayerRun>>;
 /// A table's sealed layers up to an epoch, oldest first.
-type SealedLayers = Vec<(u64, Layer)>;
+type SealedLayers = Vec<(u64, Arc<Layer>)>;
 /// A committed layer: per vnode, its runs on disk, oldest first.
 type CommittedLayer = Vec<(VirtualNode, Vec<DiskRun>)>;
 
@@ -207,7 +204,8 @@ struct State {
 struct TableState {
     desc: Arc<TableDesc>,
     vnodes: Vec<VnodeRuns>,
-    sealed: BTreeMap<u64, Layer>,
+    /// Shared, so a commit takes them without copying every vnode's entry.
+    sealed: BTreeMap<u64, Arc<Layer>>,
     /// Vnodes given committed deltas since compaction last looked at them: a compaction
     /// pass considers these only, not every vnode.
     dirty: BTreeSet<u16>,
@@ -884,7 +882,7 @@ impl StateStore for DurableStore {
                 vnodes.sort_unstable();
                 for vnode in vnodes {
                     for run in &layer[vnode] {
-                        if let LayerRun::Memory(run) = run
+                        if let LayerRun::Memory(run, _) = run
                             && run.len() > 0
                         {
                             memory.push((*vnode, run));
@@ -916,13 +914,13 @@ impl StateStore for DurableStore {
                     for run in &layer[vnode] {
                         match run {
                             LayerRun::Disk(d) => runs.push(d.clone()),
-                            LayerRun::Memory(r) if r.len() > 0 => {
+                            LayerRun::Memory(r, _) if r.len() > 0 => {
                                 let d = written.next().ok_or_else(|| {
                                     Error::Internal("a committed run was not written".into())
                                 })?;
                                 runs.push(d);
                             }
-                            LayerRun::Memory(_) => {}
+                            LayerRun::Memory(..) => {}
                         }
                     }
                     per_vnode.push((*vnode, runs));
@@ -1090,17 +1088,18 @@ impl DurableTable {
         }
     }
 
-    /// The pending chunks as sorted runs per vnode (last change per key), in memory.
-    fn build_pending(&mut self) -> Result<Vec<(VirtualNode, Run)>> {
-        let runs = build_pending_runs(&self.desc, &self.pending)?;
+    /// The pending chunks as sorted runs per vnode (last change per key), in memory: slices
+    /// of one batch, with its bytes per row.
+    fn build_pending(&mut self) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
+        let built = build_pending_sliced_runs(&self.desc, &self.pending)?;
         self.pending.clear();
         self.pending_bytes = 0;
-        Ok(runs)
+        Ok(built)
     }
 
     /// Sorts the pending chunks and writes them to an (uncommitted) run file.
     fn spill_pending(&mut self) -> Result<()> {
-        let runs = self.build_pending()?;
+        let (runs, _) = self.build_pending()?;
         if runs.is_empty() {
             return Ok(());
         }
@@ -1141,7 +1140,7 @@ impl DurableTable {
                     .table(self.desc.name())?
                     .sealed
                     .range(..=epoch)
-                    .map(|(_, l)| l),
+                    .map(|(_, l)| l.as_ref()),
             )
         };
         Ok(layers
@@ -1224,8 +1223,8 @@ impl StateTable for DurableTable {
             committed,
             self.replicated,
         )?;
-        let memory_runs = self.build_pending()?;
-        let memory_bytes: usize = memory_runs.iter().map(|(_, r)| run_bytes(r)).sum();
+        let (memory_runs, row_bytes) = self.build_pending()?;
+        let memory_bytes: usize = memory_runs.iter().map(|(_, r)| r.len() * row_bytes).sum();
         let over_budget = !self.replicated && {
             let state = self.store.read()?;
             state.memory + memory_bytes > self.store.shared.options.memory_budget
@@ -1252,10 +1251,11 @@ impl StateTable for DurableTable {
         } else {
             kept_bytes = memory_bytes;
             for (vnode, run) in memory_runs {
+                let bytes = run.len() * row_bytes;
                 layer
                     .entry(vnode)
                     .or_default()
-                    .push(LayerRun::Memory(Arc::new(run)));
+                    .push(LayerRun::Memory(Arc::new(run), bytes));
             }
         }
         if self.replicated {
@@ -1271,7 +1271,7 @@ impl StateTable for DurableTable {
                 .tables
                 .get_mut(self.desc.name())
                 .ok_or_else(|| Error::UnknownTable(self.desc.name().to_string()))?;
-            let slot = table.sealed.entry(epoch).or_default();
+            let slot = Arc::make_mut(table.sealed.entry(epoch).or_default());
             for (vnode, runs) in layer {
                 if slot.insert(vnode, runs).is_some() {
                     return Err(Error::Internal(format!(
