@@ -12,14 +12,17 @@
 //! ```
 //!
 //! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
-//! committed epochs in commit order. A commit writes `MANIFEST.tmp`, fsyncs it, renames it
-//! over `MANIFEST` and fsyncs the directory: the switch is atomic, and a crash at any point
-//! leaves either the old or the new manifest. Run files are named `run-<id, 20 digits>.arrow`.
+//! committed epochs in commit order. `format` is 2; `log_generation` names the log that
+//! follows this manifest (format 1, written before the log existed, is read as generation 0
+//! with no log). Run files are named `run-<id, 20 digits>.arrow`.
 //!
-//! The manifest is not rewritten at every commit: commits append what they changed to the
-//! log of generation `log_generation` (see [`super::log`]), and the committed state is this
-//! manifest with that log's records applied ([`Manifest::apply`]). Format 1 (before the log)
-//! is read as generation 0 with no log.
+//! The manifest is not rewritten at every commit: commits append what they changed to
+//! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest
+//! with that log's valid records applied ([`Manifest::apply`]). When the manifest is
+//! rewritten (the log outgrew it, a table was created, the first commit after an open), the
+//! new one, of the next generation, is written to `MANIFEST.tmp`, fsynced, renamed over
+//! `MANIFEST`, and the directory fsynced: the switch is atomic, and a crash at any point
+//! leaves either the old manifest with its log or the new one.
 
 use std::collections::BTreeMap;
 use std::io::Write;
