@@ -56,7 +56,7 @@ impl Run {
     }
 
     /// Rows `offset..offset + len`, zero-copy.
-    fn slice(&self, offset: usize, len: usize) -> Run {
+    pub(crate) fn slice(&self, offset: usize, len: usize) -> Run {
         Run {
             data: self.data.slice(offset, len),
             deleted: self.deleted.as_ref().map(|d| d.slice(offset, len)),
