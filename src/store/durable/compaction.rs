@@ -19,13 +19,14 @@ use std::thread::JoinHandle;
 
 use arrow_array::BooleanArray;
 
-use super::file::DiskRun;
+use super::file::{DiskRun, MIN_BLOCK_ROWS};
 use super::log::{EditKind, LogRecord, TableEdit, VnodeEdit};
 use super::manifest::FileEntry;
 use super::{Shared, VnodeRuns};
 use crate::error::{Error, Result};
-use crate::store::run::MergeReader;
+use crate::store::KeyedBatch;
 use crate::store::run::SEGMENT_ROWS;
+use crate::store::run::{MergeReader, Run};
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).
@@ -236,21 +237,39 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     let desc = shared.read()?.table(&table)?.desc.clone();
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
+        let mut merge = match input.plan {
+            Plan::Full => Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?),
+            Plan::Deltas => Merge::Deltas(
+                MergeReader::new(input.runs.delta_sources(), None, SEGMENT_ROWS)?
+                    .keeping_tombstones(),
+            ),
+        };
+        let Some(first) = merge.next()? else {
+            continue;
+        };
+        // A short result is written whole, to share a packed batch with other short runs.
+        let second = if first.0.num_rows() < MIN_BLOCK_ROWS {
+            match merge.next()? {
+                None => {
+                    let (data, deleted) = first;
+                    let run = Run {
+                        data,
+                        deleted: deleted.map(|d| d.values().clone()),
+                    };
+                    writer.write_run(input.vnode, &run)?;
+                    continue;
+                }
+                second => second,
+            }
+        } else {
+            None
+        };
         writer.begin_run(input.vnode)?;
-        match input.plan {
-            Plan::Full => {
-                let mut reader = MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?;
-                while let Some(batch) = reader.next_batch()? {
-                    writer.write(&batch.batch, None::<&BooleanArray>)?;
-                }
-            }
-            Plan::Deltas => {
-                let deltas = input.runs.delta_sources();
-                let mut reader = MergeReader::new(deltas, None, SEGMENT_ROWS)?.keeping_tombstones();
-                while let Some((batch, deleted)) = reader.next_with_tombstones()? {
-                    writer.write(&batch.batch, deleted.as_ref())?;
-                }
-            }
+        for (batch, deleted) in std::iter::once(first).chain(second) {
+            writer.write(&batch.batch, deleted.as_ref())?;
+        }
+        while let Some((batch, deleted)) = merge.next()? {
+            writer.write(&batch.batch, deleted.as_ref())?;
         }
         writer.end_run();
     }
@@ -352,6 +371,21 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A job's read of one vnode: everything into a base, or the deltas with their tombstones.
+enum Merge {
+    Full(MergeReader),
+    Deltas(MergeReader),
+}
+
+impl Merge {
+    fn next(&mut self) -> Result<Option<(KeyedBatch, Option<BooleanArray>)>> {
+        match self {
+            Merge::Full(reader) => Ok(reader.next_batch()?.map(|b| (b, None))),
+            Merge::Deltas(reader) => reader.next_with_tombstones(),
+        }
+    }
 }
 
 fn same_run(a: &DiskRun, b: &DiskRun) -> bool {

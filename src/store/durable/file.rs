@@ -306,7 +306,9 @@ impl RunFileWriter {
         if run.len() > 0 && run.len() < MIN_BLOCK_ROWS {
             self.end_run();
             let deleted = deleted.unwrap_or_else(|| BooleanArray::from(vec![false; run.len()]));
-            self.pack_limit = self.pack_limit.min(block_rows(&run.data.batch));
+            if self.pack.is_empty() {
+                self.pack_limit = block_rows(&run.data.batch);
+            }
             self.pack_rows += run.len();
             self.pack.push((vnode, run.data.batch.clone(), deleted));
             if self.pack_rows >= self.pack_limit {
