@@ -127,8 +127,8 @@
 //! - [`key`]: primary-key order, arrow-row encoding, positions.
 //! - [`table`]: table definitions (schema, key, distribution).
 //! - [`store`]: the versioned state store: the in-memory columnar store, and the durable
-//!   embedded store (Arrow IPC run files, an atomic manifest, crash-safe resume), with the
-//!   file I/O seam that tests inject faults through.
+//!   embedded store (Arrow IPC run files, a manifest and a log of changes, crash-safe
+//!   resume), with the file I/O seam that tests inject faults through.
 //! - [`merge`]: the k-way merge of per-vnode snapshot streams.
 //! - [`backfill`]: progress, the upstream filter, the I/O-free core, the async executor and
 //!   the no-shuffle baseline (and, with the `testing` feature, the row-at-a-time reference).

@@ -520,9 +520,20 @@ fn run_merging(
     dir: &std::path::Path,
     io: Arc<dyn arrangement_backfill::store::io::StorageIo>,
     epochs: &[Vec<Change>],
+    check: impl FnMut(u64, &<DurableStore as StateStore>::Table),
+) -> Result<u64, (u64, arrangement_backfill::Error)> {
+    run_epochs(dir, io, merging_options(), epochs, check)
+}
+
+/// [`run_merging`] with other options.
+fn run_epochs(
+    dir: &std::path::Path,
+    io: Arc<dyn arrangement_backfill::store::io::StorageIo>,
+    options: DurableOptions,
+    epochs: &[Vec<Change>],
     mut check: impl FnMut(u64, &<DurableStore as StateStore>::Table),
 ) -> Result<u64, (u64, arrangement_backfill::Error)> {
-    let store = DurableStore::open_with(dir, io, merging_options()).map_err(|e| (0, e))?;
+    let store = DurableStore::open_with(dir, io, options).map_err(|e| (0, e))?;
     let desc = store.create_table(desc(1)).map_err(|e| (0, e))?;
     let mut writer = store
         .table("t", VnodeBitmap::full(desc.vnode_count()))
@@ -703,4 +714,256 @@ fn several_handles_seal_one_epoch_in_the_durable_store() {
         drop(s);
         open(dir.path())
     });
+}
+
+/// Options without background work: the log holds exactly one record per commit.
+fn manual_options() -> DurableOptions {
+    DurableOptions {
+        compaction: arrangement_backfill::store::Compaction::Manual,
+        ..merging_options()
+    }
+}
+
+/// The manifest log of a store directory (there is one after a commit).
+fn log_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut logs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
+        .collect();
+    assert_eq!(logs.len(), 1, "one log in {}: {logs:?}", dir.display());
+    logs.pop().unwrap()
+}
+
+/// Where each record of a log starts (the format of `store::durable::log`: a 20-byte header,
+/// then records framed by a u32 length and a u32 checksum).
+fn record_offsets(log: &[u8]) -> Vec<usize> {
+    let mut at = 20;
+    let mut out = Vec::new();
+    while at + 8 <= log.len() {
+        out.push(at);
+        let len = u32::from_le_bytes(log[at..at + 4].try_into().unwrap()) as usize;
+        at += 8 + len;
+    }
+    out
+}
+
+/// Every file in `dir` with its bytes (the lock file aside).
+fn dir_bytes(dir: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "LOCK")
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().to_string(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn reopen_and_check(dir: &std::path::Path, models: &[Vec<(i64, String)>]) -> u64 {
+    let store = DurableStore::open_with(
+        dir,
+        arrangement_backfill::store::io::RealIo::shared(),
+        manual_options(),
+    )
+    .unwrap();
+    let committed = store.committed_epoch().unwrap().unwrap();
+    let reader = store
+        .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+        .unwrap();
+    assert_eq!(
+        scan_all(&reader, VirtualNode::ZERO, None, committed, 100),
+        models[committed as usize],
+        "epoch {committed}"
+    );
+    committed
+}
+
+/// A commit whose record was cut short by a crash (every length of a torn tail) is not
+/// committed: the store reopens at the epoch before, and commits after it are durable (the
+/// torn bytes are never appended to).
+#[test]
+fn a_torn_last_log_record_is_not_committed() {
+    // The log is folded into the manifest at the sixth commit (it outgrew the manifest of
+    // an empty table), so it ends with the records of epochs 7 and 8.
+    let epochs = merging_epochs(300, 8);
+    let models = merging_models(&epochs);
+    let io = arrangement_backfill::store::io::RealIo::shared();
+    let clean = tempfile::tempdir().unwrap();
+    run_epochs(
+        clean.path(),
+        io.clone(),
+        manual_options(),
+        &epochs,
+        |_, _| {},
+    )
+    .unwrap();
+    let log = std::fs::read(log_file(clean.path())).unwrap();
+    let offsets = record_offsets(&log);
+    assert_eq!(
+        offsets.len(),
+        2,
+        "one record per commit since the last rewrite"
+    );
+    let last = *offsets.last().unwrap();
+    for cut in [
+        last + 1,
+        last + 7,
+        last + 8,
+        (last + log.len()) / 2,
+        log.len() - 1,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        run_epochs(dir.path(), io.clone(), manual_options(), &epochs, |_, _| {}).unwrap();
+        let path = log_file(dir.path());
+        std::fs::write(&path, &log[..cut]).unwrap();
+        assert_eq!(reopen_and_check(dir.path(), &models), 7, "cut at {cut}");
+        // The next commit starts over, after the torn record: it and the rest stay.
+        let store = DurableStore::open_with(dir.path(), io.clone(), manual_options()).unwrap();
+        let mut writer = store
+            .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+            .unwrap();
+        writer.write(&chunk_of(&epochs[7])).unwrap();
+        writer.seal(8).unwrap();
+        store.commit(8).unwrap();
+        drop((writer, store));
+        assert_eq!(reopen_and_check(dir.path(), &models), 8, "cut at {cut}");
+    }
+    // A flipped byte in the last record reads as a torn write too.
+    let dir = tempfile::tempdir().unwrap();
+    run_epochs(dir.path(), io, manual_options(), &epochs, |_, _| {}).unwrap();
+    let mut bytes = log.clone();
+    let end = bytes.len() - 1;
+    bytes[end] ^= 0x01;
+    std::fs::write(log_file(dir.path()), &bytes).unwrap();
+    assert_eq!(reopen_and_check(dir.path(), &models), 7);
+}
+
+/// A damaged record with valid ones after it, or a log newer than its manifest, is
+/// corruption: the open fails naming the log and changes nothing in the directory.
+#[test]
+fn a_corrupt_log_is_refused_and_left_as_it_is() {
+    let epochs = merging_epochs(300, 8);
+    let io = arrangement_backfill::store::io::RealIo::shared();
+    type Damage = fn(&std::path::Path) -> std::path::PathBuf;
+    let cases: [(&str, Damage, &str); 3] = [
+        (
+            "a flipped byte in the first record",
+            |dir| {
+                let path = log_file(dir);
+                let mut log = std::fs::read(&path).unwrap();
+                let first = record_offsets(&log)[0];
+                log[first + 10] ^= 0x04;
+                std::fs::write(&path, &log).unwrap();
+                path
+            },
+            "checksum mismatch",
+        ),
+        (
+            "a damaged header",
+            |dir| {
+                let path = log_file(dir);
+                let mut log = std::fs::read(&path).unwrap();
+                log[2] ^= 0x04;
+                std::fs::write(&path, &log).unwrap();
+                path
+            },
+            "magic",
+        ),
+        (
+            "a log of a newer generation",
+            |dir| {
+                let path = log_file(dir);
+                let name = path.file_name().unwrap().to_string_lossy().to_string();
+                let generation: u64 = name["LOG-".len()..].parse().unwrap();
+                let newer = dir.join(format!("LOG-{:020}", generation + 1));
+                std::fs::copy(&path, &newer).unwrap();
+                newer
+            },
+            "newer than the manifest",
+        ),
+    ];
+    for (what, damage, message) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        run_epochs(dir.path(), io.clone(), manual_options(), &epochs, |_, _| {}).unwrap();
+        let named = damage(dir.path());
+        let before = dir_bytes(dir.path());
+        let err = DurableStore::open_with(dir.path(), io.clone(), manual_options())
+            .expect_err(what)
+            .to_string();
+        let name = named.file_name().unwrap().to_string_lossy().to_string();
+        assert!(err.contains(&name), "{what}: names {name}: {err}");
+        assert!(err.contains(message), "{what}: {err}");
+        assert_eq!(dir_bytes(dir.path()), before, "{what}: nothing changed");
+    }
+}
+
+/// With 32768 vnodes, a commit that changes one vnode appends a record of a few dozen bytes
+/// to the log and leaves the manifest (which lists every vnode's runs) alone; reopening
+/// replays the log.
+#[test]
+fn a_commit_writes_what_it_changed_not_the_whole_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = arrangement_backfill::store::io::RealIo::shared();
+    let store = DurableStore::open_with(dir.path(), io.clone(), manual_options()).unwrap();
+    let desc = store.create_table(desc(32768)).unwrap();
+    let all = VnodeBitmap::full(desc.vnode_count());
+    let mut writer = store.table("t", all.clone()).unwrap();
+    let mut model = Rows::new();
+    let load: Vec<Change> = (0..60_000).map(|k| (k, 0, (k % 5) as u8)).collect();
+    apply(&mut model, &delta_of(&load));
+    writer.write(&chunk_of(&load)).unwrap();
+    writer.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let manifest = std::fs::read(dir.path().join("MANIFEST")).unwrap();
+    let log_len = || std::fs::metadata(log_file(dir.path())).unwrap().len();
+    let before = log_len();
+    for epoch in 2..=21u64 {
+        let change = [(epoch as i64 * 7, 2, (epoch % 5) as u8)];
+        apply(&mut model, &delta_of(&change));
+        writer.write(&chunk_of(&change)).unwrap();
+        writer.seal(epoch).unwrap();
+        store.commit(epoch).unwrap();
+    }
+    assert_eq!(
+        std::fs::read(dir.path().join("MANIFEST")).unwrap(),
+        manifest,
+        "the manifest of {} bytes was rewritten",
+        manifest.len()
+    );
+    let per_commit = (log_len() - before) / 20;
+    assert!(per_commit < 200, "{per_commit} bytes of log per commit");
+    drop((writer, store));
+    let store = DurableStore::open_with(dir.path(), io, manual_options()).unwrap();
+    assert_eq!(store.committed_epoch().unwrap(), Some(21));
+    let reader = store.table("t", all).unwrap();
+    // Every key's vnode at once (one batch), then a sample of vnodes read back.
+    let keys: Vec<i64> = model.keys().copied().collect();
+    let batch = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(keys.clone())),
+            Arc::new(StringArray::from(vec!["x"; keys.len()])),
+        ],
+    )
+    .unwrap();
+    let vnodes = desc.vnodes_of(&batch).unwrap();
+    let sample = |v: VirtualNode| v.get() % 97 == 3;
+    let mut want: Vec<(i64, String)> = keys
+        .iter()
+        .zip(&vnodes)
+        .filter(|(_, v)| sample(**v))
+        .map(|(k, _)| (*k, model[k].clone()))
+        .collect();
+    let mut got = Vec::new();
+    for vnode in desc.vnode_count().vnodes().filter(|v| sample(*v)) {
+        got.extend(scan_all(&reader, vnode, None, 21, 50));
+    }
+    got.sort();
+    want.sort();
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
 }

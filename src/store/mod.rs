@@ -2,8 +2,8 @@
 //!
 //! One trait pair, several implementations (DESIGN section 6): [`MemoryStore`], the in-memory
 //! columnar store used for embedding and benchmarks, and [`DurableStore`], the embedded store
-//! of the command-line tool (sorted Arrow IPC run files, an atomically replaced manifest,
-//! background compaction, bounded memory; see [`durable`]). Both read through the same merge
+//! of the command-line tool (sorted Arrow IPC run files, a manifest plus a log of each
+//! commit's changes, background compaction, bounded memory; see [`durable`]). Both read through the same merge
 //! of sorted runs (`run.rs`) and pass the same model test. All durable file I/O goes through
 //! the [`io`] seam.
 //!

@@ -4,9 +4,13 @@
 //! on the caller's thread through [`super::DurableStore::compact`]. A job reads its inputs
 //! without holding the store's lock (the files stay alive while it holds them), writes one
 //! new file for a group of vnodes, then installs the result under the manifest lock with a
-//! new manifest: each vnode's base is replaced and exactly the deltas the job merged are
-//! removed (commits may have appended newer ones meanwhile). Replaced files are removed once
-//! no reader holds them.
+//! log record replacing those vnodes' runs (see [`super::log`]): each vnode's base is
+//! replaced and exactly the deltas the job merged are removed (commits may have appended
+//! newer ones meanwhile). Replaced files are removed once no reader holds them.
+//!
+//! A pass looks only at the vnodes given deltas since it last looked (each table's `dirty`
+//! set, filled by commits): a vnode's plan changes only when it gains a delta, so a pass
+//! costs what changed, not the vnode count. [`Policy::EVERYTHING`] looks at every vnode.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -15,11 +19,14 @@ use std::thread::JoinHandle;
 
 use arrow_array::BooleanArray;
 
-use super::file::DiskRun;
-use super::{Shared, State, VnodeRuns, files_of};
+use super::file::{DiskRun, MIN_BLOCK_ROWS};
+use super::log::{EditKind, LogRecord, TableEdit, VnodeEdit};
+use super::manifest::FileEntry;
+use super::{Shared, VnodeRuns};
 use crate::error::{Error, Result};
-use crate::store::run::MergeReader;
+use crate::store::KeyedBatch;
 use crate::store::run::SEGMENT_ROWS;
+use crate::store::run::{MergeReader, Run};
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).
@@ -124,6 +131,8 @@ pub(super) struct Policy {
     pub max_deltas: usize,
     /// A merge of the deltas at this many.
     pub merge_deltas: usize,
+    /// Look at every vnode, not only those given deltas since the last pass.
+    pub all_vnodes: bool,
 }
 
 impl Policy {
@@ -131,6 +140,7 @@ impl Policy {
     pub const EVERYTHING: Self = Self {
         max_deltas: 1,
         merge_deltas: usize::MAX,
+        all_vnodes: true,
     };
 
     /// The store's settings.
@@ -138,6 +148,7 @@ impl Policy {
         Self {
             max_deltas: options.max_deltas.max(1),
             merge_deltas: options.merge_deltas.max(2),
+            all_vnodes: false,
         }
     }
 }
@@ -171,22 +182,31 @@ pub(super) fn compact_all(shared: &Arc<Shared>, policy: Policy, stop: &AtomicBoo
         .lock()
         .map_err(|_| Error::Internal("compaction lock poisoned".into()))?;
     let inputs: Vec<Input> = {
-        let state = shared.read()?;
+        let mut state = shared.write()?;
         state.check_ok()?;
-        state
-            .tables
-            .iter()
-            .flat_map(|(name, t)| {
-                t.vnodes.iter().enumerate().filter_map(move |(v, runs)| {
-                    plan(runs, policy).map(|plan| Input {
+        let mut inputs = Vec::new();
+        for (name, t) in state.tables.iter_mut() {
+            // A vnode not due now becomes due only by gaining a delta, which marks it again.
+            let vnodes: Vec<u16> = if policy.all_vnodes {
+                (0..t.vnodes.len() as u16).collect()
+            } else {
+                std::mem::take(&mut t.dirty).into_iter().collect()
+            };
+            for v in vnodes {
+                let Some(runs) = t.vnodes.get(usize::from(v)) else {
+                    return Err(Error::Internal(format!("dirty vnode {v} out of range")));
+                };
+                if let Some(plan) = plan(runs, policy) {
+                    inputs.push(Input {
                         table: name.clone(),
-                        vnode: VirtualNode::new(v as u16),
+                        vnode: VirtualNode::new(v),
                         runs: runs.clone(),
                         plan,
-                    })
-                })
-            })
-            .collect()
+                    });
+                }
+            }
+        }
+        inputs
     };
     // Group consecutive vnodes of one table into jobs of bounded size.
     let mut job: Vec<Input> = Vec::new();
@@ -217,45 +237,60 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     let desc = shared.read()?.table(&table)?.desc.clone();
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
+        let mut merge = match input.plan {
+            Plan::Full => Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?),
+            Plan::Deltas => Merge::Deltas(
+                MergeReader::new(input.runs.delta_sources(), None, SEGMENT_ROWS)?
+                    .keeping_tombstones(),
+            ),
+        };
+        let Some(first) = merge.next()? else {
+            continue;
+        };
+        // A short result is written whole, to share a packed batch with other short runs.
+        let second = if first.0.num_rows() < MIN_BLOCK_ROWS {
+            match merge.next()? {
+                None => {
+                    let (data, deleted) = first;
+                    let run = Run {
+                        data,
+                        deleted: deleted.map(|d| d.values().clone()),
+                    };
+                    writer.write_run(input.vnode, &run)?;
+                    continue;
+                }
+                second => second,
+            }
+        } else {
+            None
+        };
         writer.begin_run(input.vnode)?;
-        match input.plan {
-            Plan::Full => {
-                let mut reader = MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?;
-                while let Some(batch) = reader.next_batch()? {
-                    writer.write(&batch.batch, None::<&BooleanArray>)?;
-                }
-            }
-            Plan::Deltas => {
-                let deltas = input.runs.delta_sources();
-                let mut reader = MergeReader::new(deltas, None, SEGMENT_ROWS)?.keeping_tombstones();
-                while let Some((batch, deleted)) = reader.next_with_tombstones()? {
-                    writer.write(&batch.batch, deleted.as_ref())?;
-                }
-            }
+        for (batch, deleted) in std::iter::once(first).chain(second) {
+            writer.write(&batch.batch, deleted.as_ref())?;
+        }
+        while let Some((batch, deleted)) = merge.next()? {
+            writer.write(&batch.batch, deleted.as_ref())?;
         }
         writer.end_run();
     }
     let (file, _, spans) = writer.finish()?;
     file.mark_obsolete();
     let _m = shared.lock_manifest()?;
-    // The new committed state: replace what the job merged, keep what came after.
-    let (manifest, named, next_tables) = {
+    // The record replacing what the job merged (keeping what came after), checked against
+    // the current state.
+    let (record, installs) = {
         let state = shared.read()?;
         state.check_ok()?;
-        let mut next = State {
-            committed: state.committed,
-            meta: state.meta.clone(),
-            ..State::default()
-        };
-        let mut tables = std::collections::BTreeMap::new();
-        for (name, t) in &state.tables {
-            tables.insert(name.clone(), t.vnodes.clone());
-        }
-        let Some(vnodes) = tables.get_mut(&table) else {
+        let Some(current_table) = state.tables.get(&table) else {
             return Ok(());
         };
+        let mut installs: Vec<(VirtualNode, VnodeRuns)> = Vec::with_capacity(job.len());
+        let mut edits = Vec::with_capacity(job.len());
+        let mut used_output = false;
+        // The output runs follow the job's order (a vnode left empty has none).
+        let mut outputs = spans.iter().peekable();
         for input in &job {
-            let current = &mut vnodes[input.vnode.index()];
+            let current = &current_table.vnodes[input.vnode.index()];
             let same_base = match (&current.base, &input.runs.base) {
                 (None, None) => true,
                 (Some(a), Some(b)) => same_run(a, b),
@@ -273,51 +308,84 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
                     input.vnode
                 )));
             }
-            let output = spans
-                .iter()
-                .find(|s| s.vnode == input.vnode)
+            let output = outputs
+                .next_if(|s| s.vnode == input.vnode)
                 .map(|span| DiskRun {
                     file: file.clone(),
                     span: *span,
                 });
+            used_output |= output.is_some();
+            let mut next = current.clone();
             match input.plan {
                 Plan::Full => {
-                    current.base = output;
-                    current.deltas.drain(..merged);
+                    next.base = output;
+                    next.deltas.drain(..merged);
                 }
                 Plan::Deltas => {
                     // The merged run stands at the newest merged delta's epoch.
                     let epoch = input.runs.deltas.last().map_or(0, |(e, _)| *e);
-                    current
-                        .deltas
-                        .splice(..merged, output.map(|run| (epoch, run)));
+                    next.deltas.splice(..merged, output.map(|run| (epoch, run)));
                 }
             }
+            edits.push(VnodeEdit {
+                vnode: input.vnode.get(),
+                kind: EditKind::Replace,
+                runs: next.entries(),
+            });
+            installs.push((input.vnode, next));
         }
-        for (name, t) in &state.tables {
-            next.tables.insert(
-                name.clone(),
-                super::TableState {
-                    desc: t.desc.clone(),
-                    vnodes: tables[name].clone(),
-                    sealed: Default::default(),
-                },
-            );
-        }
-        next.files = files_of(&next.tables);
-        let manifest = next.manifest(shared.next_file_id.load(Ordering::SeqCst))?;
-        (manifest, next.files, tables)
+        let removed_runs: Vec<&DiskRun> = job
+            .iter()
+            .flat_map(|input| current_table.vnodes[input.vnode.index()].runs())
+            .collect();
+        let added_runs: Vec<&DiskRun> = installs.iter().flat_map(|(_, r)| r.runs()).collect();
+        let record = LogRecord {
+            committed_epoch: state.committed,
+            next_file_id: shared.next_file_id.load(Ordering::SeqCst),
+            meta: Vec::new(),
+            added: if used_output {
+                vec![FileEntry::new(file.id(), file.check())]
+            } else {
+                Vec::new()
+            },
+            removed: state.files.dropped_by(&removed_runs, &added_runs),
+            tables: vec![TableEdit {
+                table: table.clone(),
+                vnodes: edits,
+            }],
+        };
+        (record, installs)
     };
-    shared.store_manifest(&manifest, &named)?;
+    shared.persist(&record, std::slice::from_ref(&file))?;
     let mut state = shared.write()?;
-    for (name, vnodes) in next_tables {
-        if let Some(t) = state.tables.get_mut(&name) {
-            t.vnodes = vnodes;
+    let state = &mut *state;
+    if let Some(t) = state.tables.get_mut(&table) {
+        for (vnode, next) in installs {
+            for run in next.runs() {
+                state.files.add(run);
+            }
+            let old = std::mem::replace(&mut t.vnodes[vnode.index()], next);
+            for run in old.runs() {
+                state.files.remove(run)?;
+            }
         }
     }
-    let live = files_of(&state.tables);
-    Shared::swap_files(&mut state, live);
     Ok(())
+}
+
+/// A job's read of one vnode: everything into a base, or the deltas with their tombstones.
+enum Merge {
+    Full(MergeReader),
+    Deltas(MergeReader),
+}
+
+impl Merge {
+    fn next(&mut self) -> Result<Option<(KeyedBatch, Option<BooleanArray>)>> {
+        match self {
+            Merge::Full(reader) => Ok(reader.next_batch()?.map(|b| (b, None))),
+            Merge::Deltas(reader) => reader.next_with_tombstones(),
+        }
+    }
 }
 
 fn same_run(a: &DiskRun, b: &DiskRun) -> bool {

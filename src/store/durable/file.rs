@@ -2,19 +2,28 @@
 //!
 //! A run file is a standard Arrow IPC file (pyarrow's `pa.ipc.open_file` reads it) whose
 //! schema is the table's columns plus a non-null Boolean `__deleted` column (tombstones of
-//! delta runs; always false in a base run). Each record batch (a *block*) holds at most
-//! [`SEGMENT_ROWS`] rows of **one** vnode, sorted by key; consecutive blocks of a vnode form a
-//! *run* (the manifest names runs as `(file, first block, block count)`).
+//! delta runs; always false in a base run). Each record batch holds at most
+//! [`SEGMENT_ROWS`] rows. The index lists *blocks*: rows of **one** vnode, sorted by key,
+//! each a whole record batch or, for runs shorter than [`MIN_BLOCK_ROWS`] rows, a row range
+//! of a record batch shared with other short runs (a *packed* batch: an epoch touching
+//! 32768 vnodes a row each writes a few record batches, not 32768). Consecutive blocks of a
+//! vnode form a *run* (the manifest names runs as `(file, first block, block count)`).
 //!
 //! ```text
-//!   ARROW1 | schema message | block 0 | block 1 | ... | EOS | footer | len | ARROW1
+//!   ARROW1 | schema message | batch 0 | batch 1 | ... | EOS | footer | len | ARROW1
 //!   └──── header ─────────┘                            └──────── tail ─────────┘
 //!   footer custom metadata:
 //!     arrangement_backfill.index       hex of an Arrow IPC stream, one row per block:
-//!                                      vnode u16, rows u32, offset u64, len u64, crc u32,
+//!                                      vnode u16, rows u32, offset u64, len u64, crc u32
+//!                                      (of the record batch holding the block),
+//!                                      start u32 (the block's first row in that batch),
 //!                                      key_0.. = the block's last primary key (typed)
 //!     arrangement_backfill.header_crc  CRC-32 of the header bytes
 //! ```
+//!
+//! Blocks of one packed batch are consecutive in the index, with the same offset, length
+//! and CRC, and starts that follow each other from 0. Files written before packing have no
+//! `start` column (every block is a whole batch) and are read as such.
 //!
 //! Integrity: the manifest records each file's size and the CRC-32 of its tail, checked when
 //! the file is opened (so the index and header CRC are trusted); the header is checked
@@ -87,9 +96,16 @@ pub(crate) struct FileCheck {
 struct BlockMeta {
     vnode: VirtualNode,
     rows: u32,
+    /// The record batch holding the block.
     offset: u64,
     len: u64,
     crc: u32,
+    /// The block's first row in its batch.
+    start: u32,
+    /// The index of the first block of its batch (itself unless packed).
+    batch: u32,
+    /// The rows of its batch.
+    batch_rows: u32,
 }
 
 /// A run inside a file: `count` blocks of `vnode` from block `first`.
@@ -188,6 +204,10 @@ pub(crate) struct RunFileWriter {
     spans: Vec<RunSpan>,
     open_span: Option<RunSpan>,
     cache: Option<Arc<BlockCache>>,
+    /// Short runs waiting to be written as one packed batch.
+    pack: Vec<(VirtualNode, RecordBatch, BooleanArray)>,
+    pack_rows: usize,
+    pack_limit: usize,
 }
 
 impl RunFileWriter {
@@ -221,6 +241,9 @@ impl RunFileWriter {
             spans: Vec::new(),
             open_span: None,
             cache: None,
+            pack: Vec::new(),
+            pack_rows: 0,
+            pack_limit: usize::MAX,
         })
     }
 
@@ -233,6 +256,7 @@ impl RunFileWriter {
     /// Starts a run of `vnode`; blocks written until [`Self::end_run`] belong to it.
     pub fn begin_run(&mut self, vnode: VirtualNode) -> Result<()> {
         self.end_run();
+        self.flush_pack()?;
         let first = u32::try_from(self.blocks.len())
             .map_err(|_| Error::Internal("more than 2^32 blocks in a run file".into()))?;
         self.open_span = Some(RunSpan {
@@ -272,15 +296,76 @@ impl RunFileWriter {
         Ok(())
     }
 
-    /// Writes a whole run of `vnode`.
+    /// Writes a whole run of `vnode`. A run shorter than [`MIN_BLOCK_ROWS`] waits to share a
+    /// packed batch with other short runs; runs keep their order in the file either way.
     pub fn write_run(&mut self, vnode: VirtualNode, run: &Run) -> Result<()> {
-        self.begin_run(vnode)?;
         let deleted = run
             .deleted
             .as_ref()
             .map(|d| BooleanArray::new(d.clone(), None));
+        if run.len() > 0 && run.len() < MIN_BLOCK_ROWS {
+            self.end_run();
+            let deleted = deleted.unwrap_or_else(|| BooleanArray::from(vec![false; run.len()]));
+            if self.pack.is_empty() {
+                self.pack_limit = block_rows(&run.data.batch);
+            }
+            self.pack_rows += run.len();
+            self.pack.push((vnode, run.data.batch.clone(), deleted));
+            if self.pack_rows >= self.pack_limit {
+                self.flush_pack()?;
+            }
+            return Ok(());
+        }
+        self.begin_run(vnode)?;
         self.write(&run.data.batch, deleted.as_ref())?;
         self.end_run();
+        Ok(())
+    }
+
+    /// Writes the waiting short runs as one record batch, a block (and a run) each.
+    fn flush_pack(&mut self) -> Result<()> {
+        if self.pack.is_empty() {
+            return Ok(());
+        }
+        let pack = std::mem::take(&mut self.pack);
+        self.pack_rows = 0;
+        self.pack_limit = usize::MAX;
+        let batches: Vec<&RecordBatch> = pack.iter().map(|(_, b, _)| b).collect();
+        let batch = arrow_select::concat::concat_batches(self.desc.schema(), batches)?;
+        let deleted: Vec<&dyn Array> = pack.iter().map(|(_, _, d)| d as &dyn Array).collect();
+        let deleted = arrow_select::concat::concat(&deleted)?.as_boolean().clone();
+        let (offset, len, crc) = self.write_batch(&batch, deleted)?;
+        let first = u32::try_from(self.blocks.len())
+            .map_err(|_| Error::Internal("more than 2^32 blocks in a run file".into()))?;
+        let batch_rows = u32::try_from(batch.num_rows())
+            .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
+        let mut start = 0u32;
+        let mut last_rows = Vec::with_capacity(pack.len());
+        for (i, (vnode, part, _)) in pack.iter().enumerate() {
+            let rows = part.num_rows() as u32;
+            self.blocks.push(BlockMeta {
+                vnode: *vnode,
+                rows,
+                offset,
+                len,
+                crc,
+                start,
+                batch: first,
+                batch_rows,
+            });
+            self.spans.push(RunSpan {
+                vnode: *vnode,
+                first: first + i as u32,
+                count: 1,
+                rows: u64::from(rows),
+            });
+            start += rows;
+            last_rows.push(start - 1);
+        }
+        let last = arrow_select::take::take_record_batch(&batch, &UInt32Array::from(last_rows))?;
+        let keys = self.desc.pk().encode(&last)?;
+        self.last_keys
+            .extend(keys.iter().map(|k| k.unwrap_or_default().to_vec()));
         Ok(())
     }
 
@@ -290,6 +375,34 @@ impl RunFileWriter {
         };
         let rows = u32::try_from(batch.num_rows())
             .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
+        span.count += 1;
+        span.rows += u64::from(rows);
+        let vnode = span.vnode;
+        let (offset, len, crc) = self.write_batch(batch, deleted)?;
+        let index = u32::try_from(self.blocks.len())
+            .map_err(|_| Error::Internal("more than 2^32 blocks in a run file".into()))?;
+        self.blocks.push(BlockMeta {
+            vnode,
+            rows,
+            offset,
+            len,
+            crc,
+            start: 0,
+            batch: index,
+            batch_rows: rows,
+        });
+        let last = batch.slice(batch.num_rows().saturating_sub(1), 1);
+        let key = self.desc.pk().encode(&last)?;
+        self.last_keys.push(key.value(0).to_vec());
+        Ok(())
+    }
+
+    /// Writes one record batch of the file's schema; its offset, length and CRC.
+    fn write_batch(
+        &mut self,
+        batch: &RecordBatch,
+        deleted: BooleanArray,
+    ) -> Result<(u64, u64, u32)> {
         // A slice of a view array still points into all of its data buffers, which the IPC
         // writer would write out whole for every block: keep only the bytes in use.
         let batch = gc_views(batch.clone())?;
@@ -304,25 +417,14 @@ impl RunFileWriter {
         self.writer.write(&block)?;
         let crc = self.writer.get_mut().take_crc();
         let len = self.writer.get_ref().pos - offset;
-        span.count += 1;
-        span.rows += u64::from(rows);
-        self.blocks.push(BlockMeta {
-            vnode: span.vnode,
-            rows,
-            offset,
-            len,
-            crc,
-        });
-        let last = batch.slice(batch.num_rows().saturating_sub(1), 1);
-        let key = self.desc.pk().encode(&last)?;
-        self.last_keys.push(key.value(0).to_vec());
-        Ok(())
+        Ok((offset, len, crc))
     }
 
     /// Writes the index and footer, fsyncs, and returns the file (open for reads), its check
     /// values and its runs.
     pub fn finish(mut self) -> Result<(Arc<RunFile>, FileCheck, Vec<RunSpan>)> {
         self.end_run();
+        self.flush_pack()?;
         let keys = self.key_columns()?;
         let index = index_batch(&self.blocks, &keys, self.desc.pk().key_schema())?;
         self.writer
@@ -395,6 +497,7 @@ fn index_batch(
         Field::new("offset", DataType::UInt64, false),
         Field::new("len", DataType::UInt64, false),
         Field::new("crc", DataType::UInt32, false),
+        Field::new("start", DataType::UInt32, false),
     ];
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt16Array::from_iter_values(
@@ -406,6 +509,9 @@ fn index_batch(
         )),
         Arc::new(UInt64Array::from_iter_values(blocks.iter().map(|b| b.len))),
         Arc::new(UInt32Array::from_iter_values(blocks.iter().map(|b| b.crc))),
+        Arc::new(UInt32Array::from_iter_values(
+            blocks.iter().map(|b| b.start),
+        )),
     ];
     for (i, (field, column)) in key_schema.fields().iter().zip(keys).enumerate() {
         fields.push(Field::new(
@@ -710,27 +816,51 @@ impl RunFile {
             .ok_or_else(|| Error::Internal("run file handle vanished".into()))
     }
 
-    /// Block `i`, from the cache or read, checked and decoded.
+    /// Block `i`, from the cache or read, checked and decoded: the record batch holding it
+    /// (cached as one, under its first block), sliced to the block's rows.
     pub fn load_block(&self, i: usize) -> Result<Arc<Run>> {
-        let key = (self.id, i);
-        if let Some(cache) = &self.cache
-            && let Some(run) = cache.get(key)
-        {
-            return Ok(run);
+        let meta = *self
+            .blocks
+            .get(i)
+            .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
+        let key = (self.id, meta.batch as usize);
+        let cached = self.cache.as_ref().and_then(|cache| cache.get(key));
+        let batch = match cached {
+            Some(run) => run,
+            None => {
+                let run = Arc::new(self.read_batch(meta.batch as usize)?);
+                if let Some(cache) = &self.cache {
+                    // The decoded columns share the batch's one buffer (counting each
+                    // column's memory would count that buffer once per column); the keys
+                    // are their own.
+                    let block = usize::try_from(meta.len).unwrap_or(usize::MAX);
+                    let keys = run.data.keys.values().len() + run.data.keys.len() * 4;
+                    cache.insert(key, run.clone(), block.saturating_add(keys));
+                }
+                run
+            }
+        };
+        if meta.start == 0 && meta.rows as usize == batch.len() {
+            return Ok(batch);
         }
-        let run = Arc::new(self.read_block(i)?);
-        if let Some(cache) = &self.cache {
-            // The decoded columns share the block's one buffer (counting each column's
-            // memory would count that buffer once per column); the keys are their own.
-            let block = usize::try_from(self.blocks[i].len).unwrap_or(usize::MAX);
-            let keys = run.data.keys.values().len() + run.data.keys.len() * 4;
-            cache.insert(key, run.clone(), block.saturating_add(keys));
-        }
-        Ok(run)
+        Ok(Arc::new(
+            batch.slice(meta.start as usize, meta.rows as usize),
+        ))
     }
 
     /// Reads and checks block `i`.
+    #[cfg(test)]
     pub fn read_block(&self, i: usize) -> Result<Run> {
+        let meta = self
+            .blocks
+            .get(i)
+            .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
+        let batch = self.read_batch(meta.batch as usize)?;
+        Ok(batch.slice(meta.start as usize, meta.rows as usize))
+    }
+
+    /// Reads and checks the record batch of block `i`, the first block of its batch.
+    fn read_batch(&self, i: usize) -> Result<Run> {
         let meta = self
             .blocks
             .get(i)
@@ -764,7 +894,7 @@ impl RunFile {
             .read_record_batch(&block, &Buffer::from_vec(bytes))
             .map_err(|e| corrupt(&self.path, format!("block {i}: {e}")))?
             .ok_or_else(|| corrupt(&self.path, format!("block {i} holds no record batch")))?;
-        if batch.num_rows() != meta.rows as usize {
+        if batch.num_rows() != meta.batch_rows as usize {
             return Err(corrupt(&self.path, format!("block {i} row count mismatch")));
         }
         let n = batch.num_columns() - 1;
@@ -790,9 +920,14 @@ fn parse_index(
     data_end: u64,
 ) -> std::result::Result<(Vec<BlockMeta>, Vec<ArrayRef>), String> {
     let key_fields = desc.pk().key_schema().fields().len();
-    if index.num_columns() != 5 + key_fields {
+    // Files written before packed batches have no `start` column.
+    let fixed = if index.num_columns() == 6 + key_fields {
+        6
+    } else if index.num_columns() == 5 + key_fields {
+        5
+    } else {
         return Err("block index has the wrong number of columns".into());
-    }
+    };
     let col = |i: usize, t: DataType| -> std::result::Result<&ArrayRef, String> {
         let c = index.column(i);
         if c.data_type() == &t && c.null_count() == 0 {
@@ -816,28 +951,63 @@ fn parse_index(
     let crc = col(4, DataType::UInt32)?
         .as_primitive::<UInt32Type>()
         .clone();
-    let mut blocks = Vec::with_capacity(index.num_rows());
+    let start = if fixed == 6 {
+        Some(
+            col(5, DataType::UInt32)?
+                .as_primitive::<UInt32Type>()
+                .clone(),
+        )
+    } else {
+        None
+    };
+    let mut blocks: Vec<BlockMeta> = Vec::with_capacity(index.num_rows());
     let mut end = 0u64;
     for i in 0..index.num_rows() {
-        let b = BlockMeta {
+        let mut b = BlockMeta {
             vnode: VirtualNode::new(vnode.value(i)),
             rows: rows.value(i),
             offset: offset.value(i),
             len: len.value(i),
             crc: crc.value(i),
+            start: start.as_ref().map_or(0, |s| s.value(i)),
+            batch: i as u32,
+            batch_rows: rows.value(i),
         };
-        if b.vnode.index() >= desc.vnode_count().get()
-            || b.offset < end
-            || b.offset.checked_add(b.len).is_none_or(|e| e > data_end)
-        {
-            return Err(format!("block index entry {i} is out of range"));
+        let out_of_range = || format!("block index entry {i} is out of range");
+        if b.vnode.index() >= desc.vnode_count().get() {
+            return Err(out_of_range());
+        }
+        match blocks.last().copied() {
+            // The next block of a packed batch: the same batch, the rows after the last.
+            Some(prev) if prev.offset == b.offset && b.start > 0 => {
+                if prev.len != b.len
+                    || prev.crc != b.crc
+                    || prev.start.checked_add(prev.rows) != Some(b.start)
+                {
+                    return Err(out_of_range());
+                }
+                b.batch = prev.batch;
+                b.batch_rows = b.start.checked_add(b.rows).ok_or_else(out_of_range)?;
+                let first = prev.batch as usize;
+                for block in &mut blocks[first..] {
+                    block.batch_rows = b.batch_rows;
+                }
+            }
+            _ => {
+                if b.start != 0
+                    || b.offset < end
+                    || b.offset.checked_add(b.len).is_none_or(|e| e > data_end)
+                {
+                    return Err(out_of_range());
+                }
+            }
         }
         end = b.offset + b.len;
         blocks.push(b);
     }
     let mut keys = Vec::with_capacity(key_fields);
     for (i, field) in desc.pk().key_schema().fields().iter().enumerate() {
-        let c = index.column(5 + i);
+        let c = index.column(fixed + i);
         if c.data_type() != field.data_type() {
             return Err(format!("block index key column {i} has the wrong type"));
         }
@@ -1015,6 +1185,70 @@ mod tests {
             check.size < raw * 2,
             "{} bytes on disk for {raw} bytes of rows: every block wrote all string data",
             check.size
+        );
+    }
+
+    /// Short runs share record batches; each still reads back as its own rows (with its
+    /// last key in the index), and runs keep their order around a long run.
+    #[test]
+    fn short_runs_share_packed_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let desc = Arc::new(
+            TableDesc::new(
+                "t",
+                Arc::new(Schema::new(vec![
+                    Field::new("k", DataType::Int64, false),
+                    Field::new("v", DataType::Utf8, true),
+                ])),
+                vec![KeyColumn::asc("k")],
+            )
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(1024).unwrap()),
+        );
+        let path = dir.path().join("p.arrow");
+        let mut w = RunFileWriter::create(RealIo::shared(), path.clone(), 3, desc.clone()).unwrap();
+        let mut want = Vec::new();
+        for v in 0..1000u16 {
+            let keys = if v == 500 {
+                0..5000 // a long run in the middle
+            } else {
+                i64::from(v) * 10..i64::from(v) * 10 + 1 + i64::from(v % 3)
+            };
+            let r = run(&desc, keys.clone(), v % 2 == 0);
+            w.write_run(VirtualNode::new(v), &r).unwrap();
+            want.push((v, keys.collect::<Vec<_>>()));
+        }
+        let (_, check, spans) = w.finish().unwrap();
+        assert_eq!(spans.len(), 1000);
+        let file = Arc::new(RunFile::open(RealIo::shared(), path.clone(), 3, desc, check).unwrap());
+        for (span, (v, keys)) in spans.iter().zip(&want) {
+            assert_eq!(span.vnode, VirtualNode::new(*v));
+            file.check_span(span).unwrap();
+            let run = DiskRun {
+                file: file.clone(),
+                span: *span,
+            };
+            let mut got = Vec::new();
+            for i in 0..run.len() {
+                let block = run.load(i).unwrap();
+                let k = block
+                    .data
+                    .batch
+                    .column(0)
+                    .as_primitive::<arrow_array::types::Int64Type>();
+                got.extend(k.values().iter().copied());
+                let last = block.data.keys.value(block.len() - 1);
+                assert_eq!(run.last_key(i), Some(last));
+            }
+            assert_eq!(&got, keys, "vnode {v}");
+        }
+        let batches =
+            arrow_ipc::reader::FileReader::try_new(std::fs::File::open(&path).unwrap(), None)
+                .unwrap()
+                .count();
+        assert!(
+            batches < 100,
+            "{batches} record batches for 999 short runs and one long"
         );
     }
 

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   MANIFEST = "ABMANIF1" | crc32 (u32 LE) of the body | body length (u64 LE) | body (JSON)
-//!   body     = { format, committed_epoch, next_file_id, meta: {key: value},
+//!   body     = { format, committed_epoch, next_file_id, log_generation, meta: {key: value},
 //!                files:  [{ id, size, tail_len, tail_crc }],
 //!                tables: [{ name, schema (hex of an Arrow IPC stream with no batches),
 //!                           key: [{ column, descending, nulls_first }],
@@ -12,9 +12,17 @@
 //! ```
 //!
 //! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
-//! committed epochs in commit order. A commit writes `MANIFEST.tmp`, fsyncs it, renames it
-//! over `MANIFEST` and fsyncs the directory: the switch is atomic, and a crash at any point
-//! leaves either the old or the new manifest. Run files are named `run-<id, 20 digits>.arrow`.
+//! committed epochs in commit order. `format` is 2; `log_generation` names the log that
+//! follows this manifest (format 1, written before the log existed, is read as generation 0
+//! with no log). Run files are named `run-<id, 20 digits>.arrow`.
+//!
+//! The manifest is not rewritten at every commit: commits append what they changed to
+//! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest
+//! with that log's valid records applied ([`Manifest::apply`]). When the manifest is
+//! rewritten (the log outgrew it, a table was created, the first commit after an open), the
+//! new one, of the next generation, is written to `MANIFEST.tmp`, fsynced, renamed over
+//! `MANIFEST`, and the directory fsynced: the switch is atomic, and a crash at any point
+//! leaves either the old manifest with its log or the new one.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,6 +36,7 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 use super::file::{FileCheck, RunSpan, hex_decode, hex_encode};
+use super::log::{EditKind, LogRecord};
 use crate::error::{Error, Result};
 use crate::key::KeyColumn;
 use crate::store::io::StorageIo;
@@ -38,7 +47,9 @@ use crate::vnode::{VirtualNode, VnodeCount};
 pub(crate) const MANIFEST_FILE: &str = "MANIFEST";
 const MANIFEST_TMP: &str = "MANIFEST.tmp";
 const MAGIC: &[u8; 8] = b"ABMANIF1";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// The format before the manifest log: read, never written.
+const FORMAT_WITHOUT_LOG: u32 = 1;
 
 /// The file name of run file `id`.
 pub(crate) fn run_file_name(id: u64) -> String {
@@ -59,6 +70,9 @@ pub(crate) struct Manifest {
     pub format: u32,
     pub committed_epoch: Option<u64>,
     pub next_file_id: u64,
+    /// The generation of the log that follows this manifest.
+    #[serde(default)]
+    pub log_generation: u64,
     pub meta: BTreeMap<String, String>,
     pub files: Vec<FileEntry>,
     pub tables: Vec<TableEntry>,
@@ -252,7 +266,7 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_slice(body).map_err(|e| bad(&format!("malformed manifest: {e}")))?;
-        if manifest.format != FORMAT {
+        if manifest.format != FORMAT && manifest.format != FORMAT_WITHOUT_LOG {
             return Err(bad(&format!(
                 "format {} is not the supported format {FORMAT}",
                 manifest.format
@@ -261,8 +275,8 @@ impl Manifest {
         Ok(Some(manifest))
     }
 
-    /// Atomically replaces `dir/MANIFEST` with this manifest.
-    pub fn store(&self, io: &dyn StorageIo, dir: &Path) -> Result<()> {
+    /// Atomically replaces `dir/MANIFEST` with this manifest; returns its size in bytes.
+    pub fn store(&self, io: &dyn StorageIo, dir: &Path) -> Result<u64> {
         let body = serde_json::to_vec(self)
             .map_err(|e| Error::Internal(format!("manifest encoding: {e}")))?;
         let mut bytes = Vec::with_capacity(body.len() + 20);
@@ -277,6 +291,83 @@ impl Manifest {
         drop(file);
         io.rename(&tmp, &dir.join(MANIFEST_FILE))?;
         io.sync_dir(dir)?;
+        Ok(bytes.len() as u64)
+    }
+
+    /// Applies log records in order (see [`super::log`]). `log` names the log file in
+    /// errors: a record that does not fit the state before it is corruption.
+    pub fn apply(&mut self, records: &[LogRecord], log: &Path) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let bad = |message: String| Error::CorruptState {
+            context: log.display().to_string(),
+            message,
+        };
+        // Per table, per vnode run lists: edits are O(1) each, the flattening O(runs).
+        let mut per_vnode: Vec<Vec<Vec<RunEntry>>> = Vec::with_capacity(self.tables.len());
+        for table in &mut self.tables {
+            let mut vnodes = vec![Vec::new(); table.vnode_count];
+            for run in table.runs.drain(..) {
+                vnodes
+                    .get_mut(usize::from(run.vnode))
+                    .ok_or_else(|| bad(format!("vnode {} out of range", run.vnode)))?
+                    .push(run);
+            }
+            per_vnode.push(vnodes);
+        }
+        let mut files: BTreeMap<u64, FileEntry> = self.files.drain(..).map(|f| (f.id, f)).collect();
+        for (i, record) in records.iter().enumerate() {
+            let bad = |message: String| bad(format!("record {i}: {message}"));
+            if let (Some(before), Some(after)) = (self.committed_epoch, record.committed_epoch)
+                && after < before
+            {
+                return Err(bad(format!("epoch {after} after epoch {before}")));
+            }
+            if record.committed_epoch.is_none() && self.committed_epoch.is_some() {
+                return Err(bad("no committed epoch after one".into()));
+            }
+            self.committed_epoch = record.committed_epoch;
+            self.next_file_id = self.next_file_id.max(record.next_file_id);
+            for (k, v) in &record.meta {
+                self.meta.insert(k.clone(), v.clone());
+            }
+            for id in &record.removed {
+                if files.remove(id).is_none() {
+                    return Err(bad(format!("removes file {id}, which is not live")));
+                }
+            }
+            for f in &record.added {
+                if files.insert(f.id, f.clone()).is_some() {
+                    return Err(bad(format!("adds file {}, which is already live", f.id)));
+                }
+            }
+            for edit in &record.tables {
+                let t = self
+                    .tables
+                    .iter()
+                    .position(|t| t.name == edit.table)
+                    .ok_or_else(|| bad(format!("unknown table `{}`", edit.table)))?;
+                for v in &edit.vnodes {
+                    let runs = per_vnode[t]
+                        .get_mut(usize::from(v.vnode))
+                        .ok_or_else(|| bad(format!("vnode {} out of range", v.vnode)))?;
+                    if v.runs.iter().any(|r| r.vnode != v.vnode)
+                        || (v.kind == EditKind::Append && v.runs.iter().any(|r| r.epoch == 0))
+                    {
+                        return Err(bad(format!("malformed runs of vnode {}", v.vnode)));
+                    }
+                    match v.kind {
+                        EditKind::Append => runs.extend(v.runs.iter().cloned()),
+                        EditKind::Replace => *runs = v.runs.clone(),
+                    }
+                }
+            }
+        }
+        self.files = files.into_values().collect();
+        for (table, vnodes) in self.tables.iter_mut().zip(per_vnode) {
+            table.runs = vnodes.into_iter().flatten().collect();
+        }
         Ok(())
     }
 

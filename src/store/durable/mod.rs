@@ -1,52 +1,67 @@
-//! The durable, embedded store: sorted Arrow IPC run files, an atomically replaced manifest,
-//! background compaction, memory bounded by a budget (DESIGN section 6.2).
+//! The durable, embedded store: sorted Arrow IPC run files, a manifest with a log of
+//! changes, background compaction, memory bounded by a budget (DESIGN section 6.2).
 //!
 //! ```text
 //!  handle.write ──▶ pending (memory) ──spill when over budget──▶ uncommitted run file
 //!  handle.seal(e) ──▶ sealed layer e: per vnode, runs in memory or spilled, oldest first
 //!  store.commit(c):  1. layers <= c: memory runs written to one run file per table, fsync
-//!                    2. MANIFEST.tmp (epoch c, tables, live files and runs), fsync,
-//!                       rename over MANIFEST, fsync the directory   ◀── the commit point
+//!                    2. a record of what changed (epoch c, job values, new files, the runs
+//!                       each touched vnode gains) appended to LOG-<g>, fsync  ◀── commit
+//!                       point; or, once the log would outgrow the manifest, the whole state
+//!                       as MANIFEST.tmp (generation g + 1), fsync, rename over MANIFEST,
+//!                       fsync the directory  ◀── commit point; then a fresh LOG-<g + 1>
 //!                    3. the layers become committed delta runs; memory is freed
-//!  compactor thread: per vnode, base + committed deltas ──merge──▶ new base run (a new
-//!                    file), installed with a new manifest; replaced files are removed once
-//!                    no reader holds them.
-//!  open(dir):        lock dir/LOCK, read MANIFEST, check every live file (size, footer and
-//!                    header checksums), then remove what the manifest does not name.
+//!  compactor thread: per dirty vnode, base + committed deltas ──merge──▶ new base run (a
+//!                    new file), installed with a record replacing those vnodes' runs;
+//!                    replaced files are removed once no reader holds them.
+//!  open(dir):        lock dir/LOCK, read MANIFEST and apply the valid records of its
+//!                    LOG-<g>, check every live file (size, footer and header checksums),
+//!                    then remove what the committed state does not name.
 //! ```
+//!
+//! A commit costs what it changed: its record names only the vnodes it touched, and its
+//! in-memory install updates only those (live files are reference-counted, compaction
+//! looks only at vnodes given deltas since its last pass). The manifest's rewrite costs
+//! the whole state, but happens once the log has grown as large as the manifest, so it
+//! adds a constant factor to the log's bytes. The formats, byte by byte, are in
+//! `durable/manifest.rs` and `durable/log.rs`.
 //!
 //! Reads merge, per vnode, the base, the committed deltas and the visible sealed layers with
 //! the same [`MergeReader`] as the in-memory store; committed runs are read block by block
 //! from disk (each block checked against its CRC), so memory holds one block per source.
 //!
 //! Invariants:
-//! - Only the manifest decides what is committed; run files are immutable once written and
-//!   live while a manifest names them or a reader holds them.
-//! - A crash at any point leaves the previous or the new manifest, each naming only fsynced
-//!   files: reopening yields exactly the last committed state.
+//! - Only the manifest and the valid records of its log decide what is committed; run files
+//!   are immutable once written and live while the committed state names them or a reader
+//!   holds them. A record names only files already fsynced, with their directory entries.
+//! - A crash at any point leaves the previous or the new committed state, each naming only
+//!   fsynced files: reopening yields exactly the last committed state (a torn last record
+//!   was never acknowledged, and is ignored).
 //! - After an I/O error during a commit the outcome on disk is unknown: the store refuses
-//!   every later operation until it is reopened (which tells which manifest won).
+//!   every later operation until it is reopened (which tells which state won).
 
 mod cache;
 mod compaction;
 mod file;
 mod lock;
+mod log;
 mod manifest;
 
 pub use self::lock::{DirLock, LOCK_FILE};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use arrow_array::{Array, RecordBatch};
+use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 
 use self::file::{DiskRun, RunFile, RunFileWriter, RunSpan};
+use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
-use super::run::{MergeReader, Run, RunList, build_pending_runs};
+use super::run::{MergeReader, Run, RunList, build_pending_sliced_runs};
 use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -122,40 +137,52 @@ struct Shared {
     compaction_lock: Mutex<()>,
     next_file_id: AtomicU64,
     cache: Arc<cache::BlockCache>,
+    /// The manifest log; locked under `manifest_lock`.
+    log: Mutex<LogState>,
     _lock: DirLock,
+}
+
+/// Where commits go: the log of the current generation (see [`log`]).
+#[derive(Debug)]
+struct LogState {
+    /// The generation of the committed manifest and of its log.
+    generation: u64,
+    /// The open log; `None` until the first rewrite of this process (a log found on open is
+    /// read, never appended to: the first commit rewrites the manifest).
+    writer: Option<LogWriter>,
+    /// The size of the committed manifest: the log is folded into a new manifest once it
+    /// would outgrow it.
+    manifest_len: u64,
 }
 
 /// One run of a sealed layer: still in memory, or spilled to an uncommitted file.
 #[derive(Debug, Clone)]
 enum LayerRun {
-    Memory(Arc<Run>),
+    /// A run and its share of memory (runs of one seal are slices of one batch).
+    Memory(Arc<Run>, usize),
     Disk(DiskRun),
 }
 
 impl LayerRun {
     fn list(&self) -> Box<dyn RunList> {
         match self {
-            LayerRun::Memory(run) => Box::new(vec![run.clone()]),
+            LayerRun::Memory(run, _) => Box::new(vec![run.clone()]),
             LayerRun::Disk(run) => Box::new(run.clone()),
         }
     }
 
     fn memory_bytes(&self) -> usize {
         match self {
-            LayerRun::Memory(run) => run_bytes(run),
+            LayerRun::Memory(_, bytes) => *bytes,
             LayerRun::Disk(_) => 0,
         }
     }
 }
 
-fn run_bytes(run: &Run) -> usize {
-    run.data.batch.get_array_memory_size() + run.data.keys.get_array_memory_size()
-}
-
 /// One epoch's changes of a table: per vnode, its runs oldest first.
 type Layer = HashMap<VirtualNode, Vec<LayerRun>>;
 /// A table's sealed layers up to an epoch, oldest first.
-type SealedLayers = Vec<(u64, Layer)>;
+type SealedLayers = Vec<(u64, Arc<Layer>)>;
 /// A committed layer: per vnode, its runs on disk, oldest first.
 type CommittedLayer = Vec<(VirtualNode, Vec<DiskRun>)>;
 
@@ -164,8 +191,8 @@ struct State {
     committed: Option<u64>,
     meta: BTreeMap<String, String>,
     staged_meta: BTreeMap<String, String>,
-    /// Live files: named by the committed manifest.
-    files: HashMap<u64, Arc<RunFile>>,
+    /// Live files: named by the committed state, with how many runs name each.
+    files: LiveFiles,
     tables: BTreeMap<String, TableState>,
     /// Bytes of sealed layers held in memory.
     memory: usize,
@@ -177,7 +204,87 @@ struct State {
 struct TableState {
     desc: Arc<TableDesc>,
     vnodes: Vec<VnodeRuns>,
-    sealed: BTreeMap<u64, Layer>,
+    /// Shared, so a commit takes them without copying every vnode's entry.
+    sealed: BTreeMap<u64, Arc<Layer>>,
+    /// Vnodes given committed deltas since compaction last looked at them: a compaction
+    /// pass considers these only, not every vnode.
+    dirty: BTreeSet<u16>,
+}
+
+impl TableState {
+    fn new(desc: Arc<TableDesc>, vnodes: Vec<VnodeRuns>) -> Self {
+        Self {
+            desc,
+            vnodes,
+            sealed: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+        }
+    }
+}
+
+/// The live run files and how many committed runs name each: kept up to date by commits
+/// and compaction installs, so neither walks every vnode to find which files are live.
+#[derive(Debug, Default)]
+struct LiveFiles {
+    files: HashMap<u64, Arc<RunFile>>,
+    runs: HashMap<u64, usize>,
+}
+
+impl LiveFiles {
+    fn contains(&self, id: u64) -> bool {
+        self.files.contains_key(&id)
+    }
+
+    fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// One more run names `run.file`: it is live.
+    fn add(&mut self, run: &DiskRun) {
+        let id = run.file.id();
+        *self.runs.entry(id).or_default() += 1;
+        self.files.entry(id).or_insert_with(|| {
+            run.file.mark_live();
+            run.file.clone()
+        });
+    }
+
+    /// One run less names `run.file`: once none does, it is obsolete (removed from disk
+    /// when the last reader lets go).
+    fn remove(&mut self, run: &DiskRun) -> Result<()> {
+        let id = run.file.id();
+        let n = self
+            .runs
+            .get_mut(&id)
+            .ok_or_else(|| crate::error::internal!("run of file {id}, which is not live"))?;
+        *n -= 1;
+        if *n == 0 {
+            self.runs.remove(&id);
+            if let Some(file) = self.files.remove(&id) {
+                file.mark_obsolete();
+            }
+        }
+        Ok(())
+    }
+
+    /// The files that stop being live when `removed` runs go and `added` runs come.
+    fn dropped_by(&self, removed: &[&DiskRun], added: &[&DiskRun]) -> Vec<u64> {
+        let mut delta: BTreeMap<u64, i64> = BTreeMap::new();
+        for run in removed {
+            *delta.entry(run.file.id()).or_default() -= 1;
+        }
+        for run in added {
+            *delta.entry(run.file.id()).or_default() += 1;
+        }
+        delta
+            .into_iter()
+            .filter(|(id, d)| {
+                let now = self.runs.get(id).copied().unwrap_or(0) as i64;
+                now > 0 && now + d <= 0
+            })
+            .map(|(id, _)| id)
+            .collect()
+    }
 }
 
 /// The committed runs of a vnode.
@@ -196,6 +303,20 @@ impl VnodeRuns {
         }
         sources.extend(self.delta_sources());
         sources
+    }
+
+    /// Every run, base first, with its manifest epoch (0 for the base).
+    fn entries(&self) -> Vec<RunEntry> {
+        self.base
+            .iter()
+            .map(|b| run_entry(b, 0))
+            .chain(self.deltas.iter().map(|(e, d)| run_entry(d, *e)))
+            .collect()
+    }
+
+    /// Every run, base first.
+    fn runs(&self) -> impl Iterator<Item = &DiskRun> {
+        self.base.iter().chain(self.deltas.iter().map(|(_, d)| d))
     }
 
     /// The committed deltas alone, oldest first.
@@ -238,21 +359,16 @@ impl State {
         m.committed_epoch = self.committed;
         m.next_file_id = next_file_id;
         m.meta = self.meta.clone();
-        let mut ids: Vec<u64> = self.files.keys().copied().collect();
+        let mut ids: Vec<u64> = self.files.files.keys().copied().collect();
         ids.sort_unstable();
         m.files = ids
             .into_iter()
-            .map(|id| FileEntry::new(id, self.files[&id].check()))
+            .map(|id| FileEntry::new(id, self.files.files[&id].check()))
             .collect();
         for table in self.tables.values() {
             let mut entry = TableEntry::of(&table.desc)?;
             for runs in &table.vnodes {
-                if let Some(base) = &runs.base {
-                    entry.runs.push(run_entry(base, 0));
-                }
-                for (epoch, delta) in &runs.deltas {
-                    entry.runs.push(run_entry(delta, *epoch));
-                }
+                entry.runs.extend(runs.entries());
             }
             m.tables.push(entry);
         }
@@ -278,9 +394,27 @@ pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
         return Ok(());
     }
     let _lock = DirLock::acquire(dir)?;
-    Manifest::empty().store(io, dir)?;
-    for name in io.list(dir)? {
-        if manifest::run_file_id(&name).is_some() || name == "MANIFEST.tmp" {
+    let names = io.list(dir)?;
+    // Generations only grow: no log left behind by a crash here can pass for the new one's.
+    let newest = names
+        .iter()
+        .filter_map(|n| log::log_generation(n))
+        .chain(
+            Manifest::load(io, dir)
+                .ok()
+                .flatten()
+                .map(|m| m.log_generation),
+        )
+        .max()
+        .unwrap_or(0);
+    let mut empty = Manifest::empty();
+    empty.log_generation = newest + 1;
+    empty.store(io, dir)?;
+    for name in names {
+        if manifest::run_file_id(&name).is_some()
+            || name == "MANIFEST.tmp"
+            || log::log_generation(&name).is_some()
+        {
             io.remove(&dir.join(name))?;
         }
     }
@@ -306,10 +440,12 @@ impl DurableStore {
         let lock = DirLock::acquire(&dir)?;
         let block_cache = cache::BlockCache::new(options.block_cache);
         let names = io.list(&dir)?;
-        let manifest = match Manifest::load(io.as_ref(), &dir)? {
+        let mut manifest = match Manifest::load(io.as_ref(), &dir)? {
             Some(m) => m,
             None => {
-                if let Some(name) = names.iter().find(|n| manifest::run_file_id(n).is_some()) {
+                if let Some(name) = names.iter().find(|n| {
+                    manifest::run_file_id(n).is_some() || log::log_generation(n).is_some()
+                }) {
                     return Err(Error::CorruptState {
                         context: dir.join(MANIFEST_FILE).display().to_string(),
                         message: format!(
@@ -321,6 +457,22 @@ impl DurableStore {
                 Manifest::empty()
             }
         };
+        let generation = manifest.log_generation;
+        if let Some(name) = names
+            .iter()
+            .find(|n| log::log_generation(n).is_some_and(|g| g > generation))
+        {
+            return Err(Error::CorruptState {
+                context: dir.join(name).display().to_string(),
+                message: format!(
+                    "a log newer than the manifest (of generation {generation}): the manifest \
+                     was replaced by an older one"
+                ),
+            });
+        }
+        let log_path = dir.join(log_file_name(generation));
+        let records = log::read_log(io.as_ref(), &dir, generation)?;
+        manifest.apply(&records, &log_path)?;
         let manifest_path = dir.join(MANIFEST_FILE);
         let mut state = State {
             committed: manifest.committed_epoch,
@@ -365,13 +517,14 @@ impl DurableStore {
         };
         for result in opened {
             let (id, file) = result?;
-            state.files.insert(id, file);
+            state.files.files.insert(id, file);
         }
         for (entry, desc) in manifest.tables.iter().zip(descs) {
             let mut vnodes = vec![VnodeRuns::default(); desc.vnode_count().get()];
             for run in &entry.runs {
                 let span = run.span();
                 let file = state
+                    .files
                     .files
                     .get(&run.file)
                     .ok_or_else(|| Error::CorruptState {
@@ -390,6 +543,7 @@ impl DurableStore {
                     file: file.clone(),
                     span,
                 };
+                *state.files.runs.entry(run.file).or_default() += 1;
                 if run.epoch == 0 {
                     if slot.base.is_some() || !slot.deltas.is_empty() {
                         return Err(Error::CorruptState {
@@ -405,20 +559,20 @@ impl DurableStore {
                     slot.deltas.push((run.epoch, disk));
                 }
             }
-            state.tables.insert(
-                entry.name.clone(),
-                TableState {
-                    desc,
-                    vnodes,
-                    sealed: BTreeMap::new(),
-                },
-            );
+            let mut table = TableState::new(desc, vnodes);
+            // Deltas left by an earlier run are due for a look.
+            table.dirty = (0..table.vnodes.len())
+                .filter(|&v| !table.vnodes[v].deltas.is_empty())
+                .map(|v| v as u16)
+                .collect();
+            state.tables.insert(entry.name.clone(), table);
         }
         // Everything checks out: only now remove what the manifest does not name.
         for name in &names {
-            let unlisted = match manifest::run_file_id(name) {
-                Some(id) => !state.files.contains_key(&id),
-                None => name == "MANIFEST.tmp",
+            let unlisted = match (manifest::run_file_id(name), log::log_generation(name)) {
+                (Some(id), _) => !state.files.contains(id),
+                (None, Some(g)) => g < generation,
+                (None, None) => name == "MANIFEST.tmp",
             };
             if unlisted {
                 io.remove(&dir.join(name))?;
@@ -426,7 +580,7 @@ impl DurableStore {
         }
         let next_id = manifest
             .next_file_id
-            .max(state.files.keys().max().map_or(0, |m| m + 1));
+            .max(state.files.files.keys().max().map_or(0, |m| m + 1));
         let store = Self {
             shared: Arc::new(Shared {
                 dir,
@@ -437,6 +591,11 @@ impl DurableStore {
                 compaction_lock: Mutex::new(()),
                 cache: block_cache.clone(),
                 next_file_id: AtomicU64::new(next_id),
+                log: Mutex::new(LogState {
+                    generation,
+                    writer: None,
+                    manifest_len: 0,
+                }),
                 _lock: lock,
             }),
             compactor: Arc::new(Mutex::new(None)),
@@ -562,59 +721,76 @@ impl Shared {
         Ok((file, spans))
     }
 
-    /// Writes `manifest` and marks the store failed if that does not fully succeed. `files`
-    /// are the files it names: after a failure they are kept on disk, since the new manifest
-    /// may have become durable anyway (reopening removes them if it did not).
-    fn store_manifest(
-        &self,
-        manifest: &Manifest,
-        files: &HashMap<u64, Arc<RunFile>>,
-    ) -> Result<()> {
-        match manifest.store(self.io.as_ref(), &self.dir) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                for file in files.values() {
-                    file.mark_live();
-                }
-                if let Ok(mut state) = self.write() {
-                    state.failed = Some(format!(
-                        "writing the manifest in {} failed ({e}); reopen the store",
-                        self.dir.display()
-                    ));
-                }
-                Err(e)
-            }
-        }
+    fn lock_log(&self) -> Result<MutexGuard<'_, LogState>> {
+        self.log
+            .lock()
+            .map_err(|_| Error::Internal("manifest log lock poisoned".into()))
     }
 
-    /// Makes the files named by the new committed state live and marks the ones it no
-    /// longer names obsolete.
-    fn swap_files(state: &mut State, live: HashMap<u64, Arc<RunFile>>) {
-        for (id, file) in &state.files {
-            if !live.contains_key(id) {
-                file.mark_obsolete();
+    /// Makes `record` (changes to the committed state) durable: appended to the log, or
+    /// folded into a new manifest when the log would outgrow the manifest. Called under the
+    /// manifest lock, before the state changes in memory. On failure the store is marked
+    /// failed and `keep` (files the record names) stay on disk: the record may have become
+    /// durable anyway (reopening removes them if it did not).
+    fn persist(&self, record: &LogRecord, keep: &[Arc<RunFile>]) -> Result<()> {
+        let result = self.lock_log().and_then(|mut guard| {
+            let log = &mut *guard;
+            let framed = record.encode()?;
+            if let Some(writer) = log.writer.as_mut()
+                && writer.len() + framed.len() as u64 <= log.manifest_len
+            {
+                if !record.added.is_empty() {
+                    // The new files' directory entries are durable before a record names them.
+                    self.io.sync_dir(&self.dir)?;
+                }
+                return writer.append(&framed);
             }
-        }
-        for file in live.values() {
-            file.mark_live();
-        }
-        state.files = live;
+            let mut manifest = self
+                .read()?
+                .manifest(self.next_file_id.load(Ordering::SeqCst))?;
+            let path = self.dir.join(log_file_name(log.generation));
+            manifest.apply(std::slice::from_ref(record), &path)?;
+            self.rewrite(log, manifest)
+        });
+        self.fail_on_error(result, keep)
     }
-}
 
-/// The files the committed runs of `tables` name.
-fn files_of(tables: &BTreeMap<String, TableState>) -> HashMap<u64, Arc<RunFile>> {
-    let mut files = HashMap::new();
-    for table in tables.values() {
-        for runs in &table.vnodes {
-            for run in runs.base.iter().chain(runs.deltas.iter().map(|(_, d)| d)) {
-                files
-                    .entry(run.file.id())
-                    .or_insert_with(|| run.file.clone());
+    /// Writes `manifest` as the next generation's, starts that generation's log and removes
+    /// the previous one.
+    fn rewrite(&self, log: &mut LogState, mut manifest: Manifest) -> Result<()> {
+        let old = log.generation;
+        let next = old + 1;
+        manifest.log_generation = next;
+        log.writer = None;
+        log.manifest_len = manifest.store(self.io.as_ref(), &self.dir)?;
+        log.generation = next;
+        log.writer = Some(LogWriter::create(self.io.as_ref(), &self.dir, next)?);
+        let old = self.dir.join(log_file_name(old));
+        if self.io.exists(&old).unwrap_or(false) {
+            // Best effort: the next open removes it otherwise.
+            let _ = self.io.remove(&old);
+        }
+        Ok(())
+    }
+
+    /// Marks the store failed if `result` is an error (the outcome on disk is unknown), and
+    /// keeps `keep` on disk.
+    fn fail_on_error(&self, result: Result<()>, keep: &[Arc<RunFile>]) -> Result<()> {
+        if let Err(e) = &result {
+            for file in keep {
+                file.mark_live();
+            }
+            if let Ok(mut state) = self.write()
+                && state.failed.is_none()
+            {
+                state.failed = Some(format!(
+                    "making a commit durable in {} failed ({e}); reopen the store",
+                    self.dir.display()
+                ));
             }
         }
+        result
     }
-    files
 }
 
 impl StateStore for DurableStore {
@@ -644,14 +820,17 @@ impl StateStore for DurableStore {
             m.tables.push(TableEntry::of(&desc)?);
             m
         };
-        self.shared.store_manifest(&manifest, &HashMap::new())?;
+        let result = self
+            .shared
+            .lock_log()
+            .and_then(|mut log| self.shared.rewrite(&mut log, manifest));
+        self.shared.fail_on_error(result, &[])?;
         self.write()?.tables.insert(
             desc.name().to_string(),
-            TableState {
-                desc: desc.clone(),
-                vnodes: vec![VnodeRuns::default(); desc.vnode_count().get()],
-                sealed: BTreeMap::new(),
-            },
+            TableState::new(
+                desc.clone(),
+                vec![VnodeRuns::default(); desc.vnode_count().get()],
+            ),
         );
         Ok(desc)
     }
@@ -703,7 +882,7 @@ impl StateStore for DurableStore {
                 vnodes.sort_unstable();
                 for vnode in vnodes {
                     for run in &layer[vnode] {
-                        if let LayerRun::Memory(run) = run
+                        if let LayerRun::Memory(run, _) = run
                             && run.len() > 0
                         {
                             memory.push((*vnode, run));
@@ -735,13 +914,13 @@ impl StateStore for DurableStore {
                     for run in &layer[vnode] {
                         match run {
                             LayerRun::Disk(d) => runs.push(d.clone()),
-                            LayerRun::Memory(r) if r.len() > 0 => {
+                            LayerRun::Memory(r, _) if r.len() > 0 => {
                                 let d = written.next().ok_or_else(|| {
                                     Error::Internal("a committed run was not written".into())
                                 })?;
                                 runs.push(d);
                             }
-                            LayerRun::Memory(_) => {}
+                            LayerRun::Memory(..) => {}
                         }
                     }
                     per_vnode.push((*vnode, runs));
@@ -750,79 +929,92 @@ impl StateStore for DurableStore {
             }
             committed_layers.push((name, out));
         }
-        // 3. The new committed state, its manifest, the switch.
-        let (tables, meta) = {
+        // 3. The record of the commit: the runs each vnode gains, the files that become
+        //    live, the job values; durable with one append (the commit point).
+        let (record, keep) = {
             let state = self.read()?;
-            let mut tables: BTreeMap<String, Vec<VnodeRuns>> = state
-                .tables
-                .iter()
-                .map(|(n, t)| (n.clone(), t.vnodes.clone()))
-                .collect();
+            let mut added = Vec::new();
+            let mut keep: Vec<Arc<RunFile>> = Vec::new();
+            let mut edits = Vec::new();
             for (name, layers) in &committed_layers {
-                if let Some(vnodes) = tables.get_mut(name) {
-                    for (e, per_vnode) in layers {
-                        for (vnode, runs) in per_vnode {
-                            for run in runs {
-                                vnodes[vnode.index()].deltas.push((*e, run.clone()));
+                let mut per_vnode: BTreeMap<VirtualNode, Vec<RunEntry>> = BTreeMap::new();
+                for (e, per) in layers {
+                    for (vnode, runs) in per {
+                        for run in runs {
+                            per_vnode
+                                .entry(*vnode)
+                                .or_default()
+                                .push(run_entry(run, *e));
+                            let id = run.file.id();
+                            if !state.files.contains(id) && !keep.iter().any(|f| f.id() == id) {
+                                added.push(FileEntry::new(id, run.file.check()));
+                                keep.push(run.file.clone());
                             }
                         }
                     }
                 }
+                if !per_vnode.is_empty() {
+                    edits.push(TableEdit {
+                        table: name.clone(),
+                        vnodes: per_vnode
+                            .into_iter()
+                            .map(|(vnode, runs)| VnodeEdit {
+                                vnode: vnode.get(),
+                                kind: EditKind::Append,
+                                runs,
+                            })
+                            .collect(),
+                    });
+                }
             }
-            let mut meta = state.meta.clone();
-            meta.extend(state.staged_meta.clone());
-            (tables, meta)
-        };
-        let manifest = {
-            let state = self.read()?;
-            let mut next = State {
-                committed: Some(epoch),
-                meta: meta.clone(),
-                ..State::default()
+            let record = LogRecord {
+                committed_epoch: Some(epoch),
+                next_file_id: shared.next_file_id.load(Ordering::SeqCst),
+                meta: state
+                    .staged_meta
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                added,
+                removed: Vec::new(),
+                tables: edits,
             };
-            for (name, vnodes) in &tables {
-                let desc = state.table(name)?.desc.clone();
-                next.tables.insert(
-                    name.clone(),
-                    TableState {
-                        desc,
-                        vnodes: vnodes.clone(),
-                        sealed: BTreeMap::new(),
-                    },
-                );
-            }
-            next.files = files_of(&next.tables);
-            (
-                next.manifest(shared.next_file_id.load(Ordering::SeqCst))?,
-                next.files,
-            )
+            (record, keep)
         };
-        let (manifest, named) = manifest;
-        shared.store_manifest(&manifest, &named)?;
+        shared.persist(&record, &keep)?;
         // 4. Committed: install it.
         {
             let mut state = self.write()?;
+            let state = &mut *state;
             let mut freed = 0;
-            for (name, vnodes) in tables {
+            for (name, layers) in committed_layers {
                 if let Some(t) = state.tables.get_mut(&name) {
-                    t.vnodes = vnodes;
-                    let rest = t.sealed.split_off(&(epoch + 1));
-                    for layer in t.sealed.values() {
-                        freed += layer
-                            .values()
-                            .flatten()
-                            .map(LayerRun::memory_bytes)
-                            .sum::<usize>();
+                    for (e, per_vnode) in layers {
+                        for (vnode, runs) in per_vnode {
+                            for run in runs {
+                                state.files.add(&run);
+                                t.vnodes[vnode.index()].deltas.push((e, run));
+                            }
+                            t.dirty.insert(vnode.get());
+                        }
                     }
-                    t.sealed = rest;
                 }
+            }
+            for t in state.tables.values_mut() {
+                let rest = t.sealed.split_off(&(epoch + 1));
+                for layer in t.sealed.values() {
+                    freed += layer
+                        .values()
+                        .flatten()
+                        .map(LayerRun::memory_bytes)
+                        .sum::<usize>();
+                }
+                t.sealed = rest;
             }
             state.memory = state.memory.saturating_sub(freed);
             state.committed = Some(epoch);
-            state.meta = meta;
+            state.meta.extend(record.meta);
             state.staged_meta.clear();
-            let live = files_of(&state.tables);
-            Shared::swap_files(&mut state, live);
         }
         drop(manifest_guard);
         match self.shared.options.compaction {
@@ -896,17 +1088,18 @@ impl DurableTable {
         }
     }
 
-    /// The pending chunks as sorted runs per vnode (last change per key), in memory.
-    fn build_pending(&mut self) -> Result<Vec<(VirtualNode, Run)>> {
-        let runs = build_pending_runs(&self.desc, &self.pending)?;
+    /// The pending chunks as sorted runs per vnode (last change per key), in memory: slices
+    /// of one batch, with its bytes per row.
+    fn build_pending(&mut self) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
+        let built = build_pending_sliced_runs(&self.desc, &self.pending)?;
         self.pending.clear();
         self.pending_bytes = 0;
-        Ok(runs)
+        Ok(built)
     }
 
     /// Sorts the pending chunks and writes them to an (uncommitted) run file.
     fn spill_pending(&mut self) -> Result<()> {
-        let runs = self.build_pending()?;
+        let (runs, _) = self.build_pending()?;
         if runs.is_empty() {
             return Ok(());
         }
@@ -947,7 +1140,7 @@ impl DurableTable {
                     .table(self.desc.name())?
                     .sealed
                     .range(..=epoch)
-                    .map(|(_, l)| l),
+                    .map(|(_, l)| l.as_ref()),
             )
         };
         Ok(layers
@@ -1030,8 +1223,8 @@ impl StateTable for DurableTable {
             committed,
             self.replicated,
         )?;
-        let memory_runs = self.build_pending()?;
-        let memory_bytes: usize = memory_runs.iter().map(|(_, r)| run_bytes(r)).sum();
+        let (memory_runs, row_bytes) = self.build_pending()?;
+        let memory_bytes: usize = memory_runs.iter().map(|(_, r)| r.len() * row_bytes).sum();
         let over_budget = !self.replicated && {
             let state = self.store.read()?;
             state.memory + memory_bytes > self.store.shared.options.memory_budget
@@ -1058,10 +1251,11 @@ impl StateTable for DurableTable {
         } else {
             kept_bytes = memory_bytes;
             for (vnode, run) in memory_runs {
+                let bytes = run.len() * row_bytes;
                 layer
                     .entry(vnode)
                     .or_default()
-                    .push(LayerRun::Memory(Arc::new(run)));
+                    .push(LayerRun::Memory(Arc::new(run), bytes));
             }
         }
         if self.replicated {
@@ -1077,7 +1271,7 @@ impl StateTable for DurableTable {
                 .tables
                 .get_mut(self.desc.name())
                 .ok_or_else(|| Error::UnknownTable(self.desc.name().to_string()))?;
-            let slot = table.sealed.entry(epoch).or_default();
+            let slot = Arc::make_mut(table.sealed.entry(epoch).or_default());
             for (vnode, runs) in layer {
                 if slot.insert(vnode, runs).is_some() {
                     return Err(Error::Internal(format!(
