@@ -15,6 +15,7 @@ use arrangement_backfill::job::replay::{
     Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint, STATE_DIR, StateChoice,
     default_out_dir, default_parallelism, run_replay_until,
 };
+use arrangement_backfill::job::{Certificate, certify_output};
 use arrangement_backfill::replay::{
     Dataset, GenKind, GenOptions, SyntheticShape, generate, verify,
 };
@@ -238,7 +239,7 @@ fn run(cli: Cli) -> Result<()> {
                 report.output_files,
                 report.final_rows
             );
-            Ok(())
+            check_certificate(&dataset, &out)
         }
         Command::Gen(args) => {
             let kind = match args.kind {
@@ -358,8 +359,46 @@ fn replay(args: ReplayArgs) -> Result<()> {
             "verified: the output applies cleanly and equals snapshot + changes ({} rows)",
             report.final_rows
         );
+        check_certificate(&dataset, &out)?;
     }
     Ok(())
+}
+
+/// Computes the completion certificate of the output in `out` from the files alone (the
+/// output's changes against the dataset's snapshot and changes, per vnode), prints it, and
+/// fails on a mismatch.
+fn check_certificate(dataset: &Dataset, out: &std::path::Path) -> Result<()> {
+    let c = certify_output(dataset, out)?;
+    say!("{}", certificate_line(&c));
+    if c.matches() {
+        Ok(())
+    } else {
+        Err(arrangement_backfill::Error::dataset(
+            out,
+            "the completion certificate",
+            format!(
+                "the output differs from the dataset in {} of {} vnodes (first: {:?})",
+                c.mismatches, c.vnodes, c.mismatched
+            ),
+        ))
+    }
+}
+
+/// The summary line of a completion certificate.
+fn certificate_line(c: &Certificate) -> String {
+    if c.matches() {
+        format!(
+            "  certificate       {:>12}  rows in {} vnodes at epoch {}: downstream == upstream \
+             per vnode (count and checksum of {} columns)",
+            c.upstream_rows, c.vnodes, c.epoch, c.hashed_columns
+        )
+    } else {
+        format!(
+            "  certificate       MISMATCH in {} of {} vnodes at epoch {} (first: {:?}); \
+             downstream {} rows, upstream {}",
+            c.mismatches, c.vnodes, c.epoch, c.mismatched, c.downstream_rows, c.upstream_rows
+        )
+    }
 }
 
 /// Installs SIGINT and SIGTERM handlers (in `runtime`'s context) and returns a future that
@@ -421,27 +460,7 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.rescale_restart_max
     );
     if let Some(c) = &s.certificate {
-        if c.matches() {
-            say!(
-                "  certificate       {:>12}  rows in {} vnodes at epoch {}: downstream == upstream \
-                 per vnode (count and checksum of {} columns)",
-                c.upstream_rows,
-                c.vnodes,
-                c.epoch,
-                c.hashed_columns
-            );
-        } else {
-            say!(
-                "  certificate       MISMATCH in {} of {} vnodes at epoch {} (first: {:?}); \
-                 downstream {} rows, upstream {}",
-                c.mismatches,
-                c.vnodes,
-                c.epoch,
-                c.mismatched,
-                c.downstream_rows,
-                c.upstream_rows
-            );
-        }
+        say!("{}", certificate_line(c));
     }
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }

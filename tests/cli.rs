@@ -220,7 +220,13 @@ fn verify_catches_tampered_output() {
         "--progress",
         "none",
     ]);
-    ok(&["verify", path(&dataset), path(&out)]);
+    let o = ok(&["verify", path(&dataset), path(&out)]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("certificate") && stdout.contains("downstream == upstream per vnode"),
+        "verify prints the completion certificate: {}",
+        text(&o)
+    );
     // Drop the last output file: the changes of the last checkpoint are missing.
     let mut files: Vec<_> = std::fs::read_dir(out.join("changes"))
         .unwrap()

@@ -30,7 +30,7 @@ pub mod replay;
 mod runtime;
 pub(crate) mod sink;
 
-pub use certificate::{Certificate, TableDigest};
+pub use certificate::{Certificate, TableDigest, certify_output};
 pub use control::{CONTROL_CAPACITY, JobControl};
 pub use dispatcher::VnodeMap;
 pub use handle::BackfillJob;

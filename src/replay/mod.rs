@@ -31,7 +31,7 @@ mod manifest;
 mod model;
 pub(crate) mod prefetch;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 mod validate;
 mod verify;
 
