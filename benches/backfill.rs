@@ -18,6 +18,10 @@
 //! filter, update-pair repair) against the reference's per-row filter (`reference`: rows to
 //! values, per-row vnode, per-row comparison).
 //!
+//! `actors_snapshot/1M/{merged,unordered}/{1,2}`: the same snapshot through the job runtime
+//! (dispatcher, actors as tokio tasks on a 2-worker runtime, aligned merge) with 1 and 2
+//! actors.
+//!
 //! `snapshot_parts/1M`: where the merged backfill's time goes (the per-vnode scans alone, and
 //! the k-way merge over them, at 64-row and 1024-row reads), without the executor.
 
@@ -33,6 +37,7 @@ use arrangement_backfill::backfill::reference::{
 };
 use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
 use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
+use arrangement_backfill::job::{ParallelBackfill, VnodeMap};
 use arrangement_backfill::key::{KeyColumn, Position};
 use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
 use arrangement_backfill::store::{MemoryScan, MemoryStore, SnapshotScan, StateStore, StateTable};
@@ -332,5 +337,93 @@ fn snapshot_parts(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, filter, backfill_snapshot, snapshot_parts);
+/// Runs the snapshot of the loaded table through `actors` parallel backfill actors (the
+/// job runtime: dispatcher, actors as tokio tasks, aligned merge) until `rows` rows came out.
+fn run_actors(
+    runtime: &tokio::runtime::Runtime,
+    store: &MemoryStore,
+    order: SnapshotOrder,
+    actors: usize,
+    rows: usize,
+    run: usize,
+) -> usize {
+    let config = BackfillConfig {
+        batch_size: BATCH,
+        order,
+        rate_limit: None,
+        progress_table: Some(format!("t.actors.{run}")),
+    };
+    runtime.block_on(async move {
+        let barrier = Barrier::new(EpochPair::new(2, 1), BarrierKind::Normal);
+        let upstream = futures::stream::iter([Ok(Message::Barrier(barrier))])
+            .chain(futures::stream::pending());
+        let map = VnodeMap::even(VnodeCount::DEFAULT, actors).unwrap();
+        let mut job =
+            ParallelBackfill::start(store, "t", map, config, rows as u64, upstream).unwrap();
+        let mut seen = 0;
+        while seen < rows {
+            match job.next().await {
+                Some(Ok(Message::Chunk(chunk))) => seen += black_box(chunk).num_rows(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("backfill failed: {e}"),
+                None => panic!("backfill ended after {seen} of {rows} rows"),
+            }
+        }
+        job.shutdown().await;
+        seen
+    })
+}
+
+/// `actors_snapshot/1M/{order}/{n}`: the snapshot side of the job runtime with 1 and 2
+/// actors on a 2-worker runtime, side by side (issue 11's 1.7x target).
+fn actors_snapshot(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let rows = 1_000_000;
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let store = MemoryStore::new();
+    let desc = store
+        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+        .unwrap();
+    let mut table = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .unwrap();
+    table
+        .write(&StreamChunk::inserts(table_batch(rows, &mut rng)))
+        .unwrap();
+    table.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let runs = AtomicUsize::new(0);
+    let mut group = c.benchmark_group("actors_snapshot/1M");
+    group.throughput(Throughput::Elements(rows as u64));
+    group.sample_size(10);
+    group.sampling_mode(SamplingMode::Flat);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(5));
+    for (name, order) in [
+        ("merged", SnapshotOrder::Merged),
+        ("unordered", SnapshotOrder::PerVnode),
+    ] {
+        for actors in [1, 2] {
+            group.bench_function(format!("{name}/{actors}"), |b| {
+                b.iter(|| {
+                    let run = runs.fetch_add(1, Ordering::Relaxed);
+                    run_actors(&runtime, &store, order, actors, rows, run)
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    filter,
+    backfill_snapshot,
+    snapshot_parts,
+    actors_snapshot
+);
 criterion_main!(benches);
