@@ -131,17 +131,7 @@ pub(crate) fn build_runs(
         .enumerate()
         .filter(|(_, rows)| !rows.is_empty())
         .map(|(vnode, mut rows)| {
-            // Stable: equal keys keep arrival order, so the last of a run of equals is the newest.
-            rows.sort_by(|&a, &b| keys.value(a as usize).cmp(keys.value(b as usize)));
-            let mut last: Vec<u32> = Vec::with_capacity(rows.len());
-            for (i, &row) in rows.iter().enumerate() {
-                let next_differs = rows
-                    .get(i + 1)
-                    .is_none_or(|&next| keys.value(next as usize) != keys.value(row as usize));
-                if next_differs {
-                    last.push(row);
-                }
-            }
+            let last = newest_per_key(&mut rows, &keys);
             let deleted = any_delete.then(|| {
                 BooleanBuffer::collect_bool(last.len(), |i| !ops[last[i] as usize].is_insert())
             });
@@ -198,18 +188,7 @@ pub(crate) fn build_sliced_runs(
     let sorted: Vec<(usize, Vec<u32>)> = groups
         .into_par_iter()
         .map(|(vnode, range)| {
-            let mut rows = order[range].to_vec();
-            // Stable: equal keys keep arrival order, so the last of equals is the newest.
-            rows.sort_by(|&a, &b| keys.value(a as usize).cmp(keys.value(b as usize)));
-            let mut last: Vec<u32> = Vec::with_capacity(rows.len());
-            for (i, &row) in rows.iter().enumerate() {
-                let next_differs = rows
-                    .get(i + 1)
-                    .is_none_or(|&next| keys.value(next as usize) != keys.value(row as usize));
-                if next_differs {
-                    last.push(row);
-                }
-            }
+            let last = newest_per_key(&mut order[range].to_vec(), &keys);
             (vnode, last)
         })
         .collect();
@@ -665,6 +644,23 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
         }
     }
     Ok(out)
+}
+
+/// Sorts `rows` (indices into `keys`, in arrival order) by key and keeps, of each run of
+/// equal keys, the last to arrive: the newest write of each key. The sort is stable, so
+/// equal keys keep their arrival order.
+fn newest_per_key(rows: &mut [u32], keys: &arrow_array::BinaryArray) -> Vec<u32> {
+    rows.sort_by(|&a, &b| keys.value(a as usize).cmp(keys.value(b as usize)));
+    let mut last: Vec<u32> = Vec::with_capacity(rows.len());
+    for (i, &row) in rows.iter().enumerate() {
+        let next_differs = rows
+            .get(i + 1)
+            .is_none_or(|&next| keys.value(next as usize) != keys.value(row as usize));
+        if next_differs {
+            last.push(row);
+        }
+    }
+    last
 }
 
 #[cfg(test)]
