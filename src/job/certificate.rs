@@ -86,6 +86,25 @@ impl TableDigest {
             .collect())
     }
 
+    /// Adds the rows of `other` (a digest of the same vnode count): the digest of both
+    /// changelogs together.
+    pub fn add(&mut self, other: &TableDigest) -> Result<()> {
+        if other.rows.len() != self.rows.len() {
+            return Err(internal!(
+                "adding a digest of {} vnodes to one of {}",
+                other.rows.len(),
+                self.rows.len()
+            ));
+        }
+        for (rows, more) in self.rows.iter_mut().zip(&other.rows) {
+            *rows += more;
+        }
+        for (sum, more) in self.sums.iter_mut().zip(&other.sums) {
+            *sum = sum.wrapping_add(*more);
+        }
+        Ok(())
+    }
+
     /// Applies a chunk of changes of the table `desc`: inserts add, deletes subtract.
     pub fn apply(&mut self, desc: &TableDesc, chunk: &StreamChunk) -> Result<()> {
         self.apply_rows(desc, chunk.batch(), chunk.ops())

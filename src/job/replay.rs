@@ -548,6 +548,11 @@ impl<'a, S: StateStore> Job<'a, S> {
             self.desc.schema(),
             record.map(|(epoch, _, _)| epoch),
         )?;
+        if record.is_none() {
+            // A new job's sink writes the whole output: it digests it as it goes, so the
+            // certificate need not read the output back.
+            sink = sink.with_digest(Arc::new(self.desc.clone()))?;
+        }
         let mut summary = ReplaySummary {
             snapshot_rows: self.snapshot_rows,
             upstream_changes: 0,
@@ -676,13 +681,18 @@ impl<'a, S: StateStore> Job<'a, S> {
     }
 
     /// The completion certificate at the final checkpoint `epoch` (committed and published).
-    fn certify(&self, epoch: u64) -> Result<Certificate> {
+    /// The output's digest comes from the sink when it digested the whole output (a new
+    /// job), and from reading the files back otherwise (a resumed one).
+    fn certify(&self, epoch: u64, sink: &ParquetSink) -> Result<Certificate> {
         let all = VnodeBitmap::full(self.desc.vnode_count());
         let upstream = {
             let table = self.store.table(self.desc.name(), all)?;
             TableDigest::of_table(&table, epoch)?
         };
-        let downstream = TableDigest::of_output(&self.options.out, &self.desc)?;
+        let downstream = match sink.published_digest() {
+            Some(digest) => digest.clone(),
+            None => TableDigest::of_output(&self.options.out, &self.desc)?,
+        };
         Ok(Certificate::compare(
             &self.desc,
             epoch,
@@ -760,7 +770,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                         }
                         summary.checkpoints += 1;
                         if barrier.mutation == Some(Mutation::Stop) {
-                            summary.certificate = Some(self.certify(prev)?);
+                            summary.certificate = Some(self.certify(prev, sink)?);
                         }
                     }
                 }

@@ -40,7 +40,9 @@ use parquet::file::properties::WriterProperties;
 
 use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result, internal};
+use crate::job::certificate::TableDigest;
 use crate::store::io::{StorageIo, named};
+use crate::table::TableDesc;
 
 /// The output file name of a checkpoint epoch.
 pub fn file_name(epoch: u64) -> String {
@@ -71,6 +73,8 @@ pub struct Prepared {
     tmp: PathBuf,
     path: PathBuf,
     rows: u64,
+    /// The file's digest, when the sink digests what it writes.
+    digest: Option<TableDigest>,
 }
 
 /// What [`ParquetSink::open`] did to an earlier run's output.
@@ -89,11 +93,16 @@ const QUEUE_CHUNKS: usize = 64;
 
 /// What the encoder thread is asked to do.
 enum Job {
+    /// From now on, also digest every chunk (per file) as rows of this table.
+    Digest(Arc<TableDesc>),
     /// Encode a chunk emitted in an epoch into the current file.
     Chunk(u64, StreamChunk),
-    /// Finish the current file and hand over its bytes and rows.
-    Finish(SyncSender<Result<(Vec<u8>, u64)>>),
+    /// Finish the current file and hand over its bytes, rows and digest.
+    Finish(SyncSender<Result<Finished>>),
 }
+
+/// A finished file: its bytes, its rows and, when digesting, its digest.
+type Finished = (Vec<u8>, u64, Option<TableDigest>);
 
 /// The encoder thread: chunks in, one finished Parquet file in memory per `Finish`.
 #[derive(Debug)]
@@ -137,8 +146,13 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
     let mut writer: Option<ArrowWriter<Vec<u8>>> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
+    let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
     for job in rx {
         match job {
+            Job::Digest(desc) => {
+                let empty = TableDigest::new(desc.vnode_count());
+                digest = Some((desc, empty));
+            }
             Job::Chunk(epoch, chunk) => {
                 if failed.is_some() {
                     continue;
@@ -150,6 +164,9 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
                         None => writer.insert(new_writer(schema)?),
                     };
                     writer.write(&batch)?;
+                    if let Some((desc, digest)) = &mut digest {
+                        digest.apply(desc, &chunk)?;
+                    }
                     Ok(())
                 })();
                 match encoded {
@@ -163,7 +180,10 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
                     (None, Some(w)) => w.into_inner().map_err(Error::from),
                     (None, None) => Ok(Vec::new()),
                 };
-                let _ = reply.send(result.map(|bytes| (bytes, rows)));
+                let file_digest = digest.as_mut().map(|(desc, digest)| {
+                    std::mem::replace(digest, TableDigest::new(desc.vnode_count()))
+                });
+                let _ = reply.send(result.map(|bytes| (bytes, rows, file_digest)));
                 rows = 0;
             }
         }
@@ -192,6 +212,9 @@ pub struct ParquetSink {
     pending: bool,
     rows_published: u64,
     files_published: u64,
+    /// The digest of every file this sink published, when it digests (see
+    /// [`ParquetSink::with_digest`]).
+    published_digest: Option<TableDigest>,
     #[cfg_attr(
         not(test),
         expect(dead_code, reason = "read by tests; the job logs nothing")
@@ -262,6 +285,7 @@ impl ParquetSink {
             pending: false,
             rows_published: 0,
             files_published: 0,
+            published_digest: None,
             recovery: Recovery {
                 rolled_forward: roll.len() as u64,
                 removed: remove.len() as u64,
@@ -274,6 +298,21 @@ impl ParquetSink {
     #[cfg(test)]
     pub fn recovery(&self) -> Recovery {
         self.recovery
+    }
+
+    /// Also digests what it writes, as rows of `desc` (on the encoder thread, off the
+    /// caller's path): [`ParquetSink::published_digest`] is then the completion certificate's
+    /// downstream side without reading the files back. For a sink that starts the output
+    /// (no earlier run's files kept), so the digest covers the whole output.
+    pub fn with_digest(mut self, desc: Arc<TableDesc>) -> Result<Self> {
+        self.published_digest = Some(TableDigest::new(desc.vnode_count()));
+        self.encoder.send(Job::Digest(desc))?;
+        Ok(self)
+    }
+
+    /// The digest of every file this sink published, if it digests.
+    pub fn published_digest(&self) -> Option<&TableDigest> {
+        self.published_digest.as_ref()
     }
 
     /// Queues a downstream chunk emitted in `epoch` for encoding; blocks while the queue is
@@ -297,12 +336,17 @@ impl ParquetSink {
         let tmp = self.dir.join(tmp_name(epoch));
         let (reply, answer) = sync_channel(1);
         self.encoder.send(Job::Finish(reply))?;
-        let (bytes, rows) = answer
+        let (bytes, rows, digest) = answer
             .recv()
             .map_err(|_| internal!("the sink's encoder thread stopped"))??;
         let result = self.write_tmp(&tmp, &bytes).map(|()| rows);
         match result {
-            Ok(rows) => Ok(Some(Prepared { tmp, path, rows })),
+            Ok(rows) => Ok(Some(Prepared {
+                tmp,
+                path,
+                rows,
+                digest,
+            })),
             Err(e) => {
                 let _ = self.io.remove(&tmp);
                 Err(match e {
@@ -327,6 +371,9 @@ impl ParquetSink {
         self.io.sync_dir(&self.dir)?;
         self.rows_published += prepared.rows;
         self.files_published += 1;
+        if let (Some(all), Some(file)) = (&mut self.published_digest, &prepared.digest) {
+            all.add(file)?;
+        }
         Ok(())
     }
 
@@ -366,6 +413,32 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    #[test]
+    fn a_digesting_sink_digests_exactly_what_it_publishes() {
+        let out = tempfile::tempdir().unwrap();
+        let desc =
+            Arc::new(TableDesc::new("t", schema(), vec![crate::key::KeyColumn::asc("k")]).unwrap());
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None)
+            .unwrap()
+            .with_digest(desc.clone())
+            .unwrap();
+        let chunk = |text: &str| StreamChunk::from_text(&schema(), text).unwrap();
+        sink.push(2, chunk("+ 1\n+ 2\n+ 3")).unwrap();
+        let first = sink.prepare(2).unwrap().unwrap();
+        sink.publish(first).unwrap();
+        sink.push(3, chunk("- 2\nU- 3\nU+ 3")).unwrap();
+        let second = sink.prepare(3).unwrap().unwrap();
+        // Prepared, never published (a commit that failed): not in the digest.
+        sink.push(4, chunk("+ 9")).unwrap();
+        let _unpublished = sink.prepare(4).unwrap().unwrap();
+        sink.publish(second).unwrap();
+        let read_back = TableDigest::of_output(out.path(), &desc).unwrap();
+        assert_eq!(sink.published_digest(), Some(&read_back));
+        let mut expected = TableDigest::new(desc.vnode_count());
+        expected.apply(&desc, &chunk("+ 1\n+ 3")).unwrap();
+        assert_eq!(read_back, expected);
     }
 
     #[test]
