@@ -34,6 +34,26 @@ fn ok(args: &[&str]) -> Output {
     o
 }
 
+/// `backfill replay DATASET --out OUT --progress none --verify EXTRA..`, which must succeed,
+/// verify, and print a matching completion certificate; its output and stdout.
+fn replay_verified(dataset: &Path, out: &Path, extra: &[&str]) -> (Output, String) {
+    let mut args = vec![
+        "replay",
+        path(dataset),
+        "--out",
+        path(out),
+        "--progress",
+        "none",
+        "--verify",
+    ];
+    args.extend_from_slice(extra);
+    let o = ok(&args);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(stdout.contains("verified"), "{}", text(&o));
+    assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
+    (o, stdout)
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -94,21 +114,8 @@ fn generated_datasets_replay_exactly_once_in_every_mode() {
         ];
         for (i, mode) in modes.iter().enumerate() {
             let out = tmp.path().join(format!("out-{shape}-{i}"));
-            let mut args = vec![
-                "replay",
-                path(&dataset),
-                "--out",
-                path(&out),
-                "--progress",
-                "none",
-                "--verify",
-            ];
-            args.extend_from_slice(mode);
-            let o = ok(&args);
-            let stdout = String::from_utf8_lossy(&o.stdout);
-            assert!(stdout.contains("verified"), "{}", text(&o));
+            let (o, stdout) = replay_verified(&dataset, &out, mode);
             assert!(stdout.contains("snapshot rows"), "{}", text(&o));
-            assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
             ok(&["verify", path(&dataset), path(&out)]);
         }
     }
@@ -132,12 +139,6 @@ fn parallel_replays_and_online_rescales_verify() {
     for (i, (vnodes, parallelism, extra)) in runs.into_iter().enumerate() {
         let out = tmp.path().join(format!("out-{i}"));
         let mut args = vec![
-            "replay",
-            path(&dataset),
-            "--out",
-            path(&out),
-            "--progress",
-            "none",
             "--vnodes",
             vnodes,
             "--parallelism",
@@ -146,13 +147,9 @@ fn parallel_replays_and_online_rescales_verify() {
             "50",
             "--upstream-rate",
             "20000",
-            "--verify",
         ];
         args.extend_from_slice(extra);
-        let o = ok(&args);
-        let stdout = String::from_utf8_lossy(&o.stdout);
-        assert!(stdout.contains("verified"), "{}", text(&o));
-        assert!(stdout.contains("downstream == upstream"), "{}", text(&o));
+        let (o, stdout) = replay_verified(&dataset, &out, &args);
         let rescales = extra.iter().filter(|a| **a == "--rescale").count();
         assert!(
             stdout.contains(&format!("{rescales} online rescales")),

@@ -253,21 +253,33 @@ impl RunList for Vec<Arc<Run>> {
     }
 }
 
+/// Chunks buffered with their rows' vnodes, in write order, as one chunk and its vnodes;
+/// `None` when nothing is buffered.
+fn concat_pending(
+    desc: &TableDesc,
+    pending: &[(StreamChunk, Vec<VirtualNode>)],
+) -> Result<Option<(StreamChunk, Vec<VirtualNode>)>> {
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    let chunks: Vec<StreamChunk> = pending.iter().map(|(c, _)| c.clone()).collect();
+    let all = StreamChunk::concat(desc.schema(), &chunks)?;
+    let vnodes = pending
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    Ok(Some((all, vnodes)))
+}
+
 /// [`build_runs`] over chunks buffered with their rows' vnodes, in write order.
 pub(crate) fn build_pending_runs(
     desc: &TableDesc,
     pending: &[(StreamChunk, Vec<VirtualNode>)],
 ) -> Result<Vec<(VirtualNode, Run)>> {
-    if pending.is_empty() {
-        return Ok(Vec::new());
+    match concat_pending(desc, pending)? {
+        None => Ok(Vec::new()),
+        Some((all, vnodes)) => build_runs(desc, all.batch(), all.ops(), &vnodes),
     }
-    let chunks: Vec<StreamChunk> = pending.iter().map(|(c, _)| c.clone()).collect();
-    let all = StreamChunk::concat(desc.schema(), &chunks)?;
-    let vnodes: Vec<VirtualNode> = pending
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .collect();
-    build_runs(desc, all.batch(), all.ops(), &vnodes)
 }
 
 /// [`build_sliced_runs`] of pending chunks.
@@ -275,16 +287,10 @@ pub(crate) fn build_pending_sliced_runs(
     desc: &TableDesc,
     pending: &[(StreamChunk, Vec<VirtualNode>)],
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
-    if pending.is_empty() {
-        return Ok((Vec::new(), 0));
+    match concat_pending(desc, pending)? {
+        None => Ok((Vec::new(), 0)),
+        Some((all, vnodes)) => build_sliced_runs(desc, all.batch(), all.ops(), &vnodes),
     }
-    let chunks: Vec<StreamChunk> = pending.iter().map(|(c, _)| c.clone()).collect();
-    let all = StreamChunk::concat(desc.schema(), &chunks)?;
-    let vnodes: Vec<VirtualNode> = pending
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .collect();
-    build_sliced_runs(desc, all.batch(), all.ops(), &vnodes)
 }
 
 /// One input of a merged read: a list of runs read in order.
