@@ -49,10 +49,6 @@ pub(crate) fn empty_batch(schema: Option<&SchemaRef>) -> KeyedBatch {
 #[derive(Debug)]
 struct Slot {
     batch: KeyedBatch,
-    /// The build in which the slot was last given a place in `used`.
-    generation: u64,
-    /// Its place in `used` (meaningful while `generation` is the current build's).
-    dense: usize,
 }
 
 /// What one input contributed to the output being built.
@@ -93,8 +89,9 @@ pub(crate) struct OutputBuilder {
     retired: Vec<usize>,
     /// The slots the recorded rows use, in order of first use.
     used: Vec<usize>,
-    /// Numbers the builds, for [`Slot::generation`].
-    generation: u64,
+    /// Per input with rows in the output being built: the place in `used` of its current
+    /// slot.
+    current_used: Vec<usize>,
     /// `(place in used, row)` of every recorded row.
     indices: Vec<(usize, usize)>,
     tallies: Vec<Tally>,
@@ -113,7 +110,7 @@ impl OutputBuilder {
             current: vec![None; k],
             retired: Vec::new(),
             used: Vec::new(),
-            generation: 1,
+            current_used: vec![0; k],
             indices: Vec::with_capacity(batch_size),
             tallies: vec![Tally::default(); k],
             touched: Vec::new(),
@@ -124,11 +121,7 @@ impl OutputBuilder {
 
     /// Makes `batch` the current batch of `input`.
     pub fn push_batch(&mut self, input: usize, batch: KeyedBatch) {
-        let slot = Slot {
-            batch,
-            generation: 0,
-            dense: 0,
-        };
+        let slot = Slot { batch };
         let id = match self.free.pop() {
             Some(id) => {
                 self.slots[id] = Some(slot);
@@ -141,6 +134,11 @@ impl OutputBuilder {
         };
         if let Some(old) = self.current[input].replace(id) {
             self.retired.push(old);
+        }
+        if self.tallies[input].rows > 0 {
+            // The input has rows in this output and moves on to a new batch mid-build.
+            self.current_used[input] = self.used.len();
+            self.used.push(id);
         }
     }
 
@@ -156,21 +154,17 @@ impl OutputBuilder {
     // (`merge/256x1M/kway`: +6% inlined).
     #[inline(always)]
     pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
-        let id = self.current[input]
-            .ok_or_else(|| internal!("merge input {input} emitted a row with no batch"))?;
-        let slot = self.slots[id]
-            .as_mut()
-            .ok_or_else(|| internal!("merge input {input}'s current slot is free"))?;
-        if slot.generation != self.generation {
-            slot.generation = self.generation;
-            slot.dense = self.used.len();
-            self.used.push(id);
-        }
-        let dense = slot.dense;
         let tally = &mut self.tallies[input];
         if tally.rows == 0 {
+            // The input's first rows in this output: its current slot joins `used` (a slot
+            // it moves on to later joins in `push_batch`).
+            let id = self.current[input]
+                .ok_or_else(|| internal!("merge input {input} emitted a row with no batch"))?;
             self.touched.push(input);
+            self.current_used[input] = self.used.len();
+            self.used.push(id);
         }
+        let dense = self.current_used[input];
         tally.rows += n;
         if n == 1 {
             self.indices.push((dense, start));
@@ -265,7 +259,6 @@ impl OutputBuilder {
     /// Ends a build: forgets which slots it used and frees the retired ones.
     fn release(&mut self) {
         self.used.clear();
-        self.generation += 1;
         for id in self.retired.drain(..) {
             self.slots[id] = None;
             self.free.push(id);
