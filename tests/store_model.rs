@@ -160,6 +160,9 @@ fn expected(
 #[derive(Debug, Clone)]
 struct EpochPlan {
     changes: Vec<Change>,
+    /// The changes are written as this many chunks (with a small memory budget, each
+    /// spilled as a piece of the epoch).
+    pieces: usize,
     replicated: Vec<Change>,
     commit_back: Option<u8>,
     scans: Vec<(u8, Option<i64>, usize)>,
@@ -248,10 +251,21 @@ fn epoch_plan() -> impl Strategy<Value = EpochPlan> {
         prop::collection::vec((0u8..4, prop::option::of(0i64..40), 1usize..9), 1..4),
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.2),
+        1usize..6,
+        prop::bool::weighted(0.4),
     )
         .prop_map(
-            |(changes, replicated, commit_back, scans, reopen, compact)| EpochPlan {
-                changes,
+            |(changes, replicated, commit_back, scans, reopen, compact, pieces, load)| EpochPlan {
+                // A load: distinct keys inserted in key order, as a bulk load of a sorted
+                // snapshot (its pieces may become a vnode's base as they are).
+                changes: if load {
+                    let keys: std::collections::BTreeSet<i64> =
+                        changes.iter().map(|c| c.0).collect();
+                    keys.into_iter().map(|k| (k, 0, (k % 5) as u8)).collect()
+                } else {
+                    changes
+                },
+                pieces,
                 replicated,
                 commit_back,
                 scans,
@@ -277,7 +291,10 @@ fn run_plan<S: Subject>(subject: &mut S, plans: &[EpochPlan], vnodes: usize) {
 
     for (i, plan) in plans.iter().enumerate() {
         let epoch = (i as u64 + 1) * 10;
-        writer.write(&chunk_of(&plan.changes)).unwrap();
+        let per_piece = plan.changes.len().div_ceil(plan.pieces).max(1);
+        for piece in plan.changes.chunks(per_piece) {
+            writer.write(&chunk_of(piece)).unwrap();
+        }
         writer.seal(epoch).unwrap();
         sealed.insert(epoch, delta_of(&plan.changes));
         repl.write(&chunk_of(&plan.replicated)).unwrap();
@@ -966,4 +983,94 @@ fn a_commit_writes_what_it_changed_not_the_whole_manifest() {
     want.sort();
     assert!(!want.is_empty());
     assert_eq!(got, want);
+}
+
+/// Writes `keys` (inserts, value `v{k % 5}`) as chunks of `per_chunk` rows in one epoch and
+/// commits it: with a small memory budget, each chunk is spilled as a piece of the epoch.
+fn load_in_pieces(store: &DurableStore, keys: &[i64], per_chunk: usize, epoch: u64) -> Rows {
+    let all = VnodeBitmap::full(store.table_desc("t").unwrap().unwrap().vnode_count());
+    let mut writer = store.table("t", all).unwrap();
+    for piece in keys.chunks(per_chunk) {
+        let changes: Vec<Change> = piece.iter().map(|&k| (k, 0, (k % 5) as u8)).collect();
+        writer.write(&chunk_of(&changes)).unwrap();
+    }
+    writer.seal(epoch).unwrap();
+    store.commit(epoch).unwrap();
+    keys.iter().map(|&k| (k, format!("v{}", k % 5))).collect()
+}
+
+fn check_rows(store: &DurableStore, rows: &Rows, epoch: u64, what: &str) {
+    let desc = store.table_desc("t").unwrap().unwrap();
+    let table = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .unwrap();
+    for vnode in desc.vnode_count().vnodes() {
+        assert_eq!(
+            scan_all(&table, vnode, None, epoch, 7),
+            expected(&desc, rows, vnode, None),
+            "{what}: vnode {vnode}"
+        );
+    }
+}
+
+/// A bulk load of distinct keys in key order, spilled in pieces, becomes each vnode's base as
+/// it is: a compaction finds nothing to rewrite, and the rows survive reopening and a later
+/// compaction with deltas. The same load out of order is compacted as before.
+#[test]
+fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
+    let options = DurableOptions {
+        memory_budget: 4 << 10,
+        compaction: arrangement_backfill::store::Compaction::Manual,
+        ..DurableOptions::default()
+    };
+    let open = |dir: &std::path::Path| {
+        DurableStore::open_with(
+            dir,
+            arrangement_backfill::store::io::RealIo::shared(),
+            options.clone(),
+        )
+        .unwrap()
+    };
+    let ordered: Vec<i64> = (0..3000).map(|k| k * 3).collect();
+    let mut reversed = ordered.clone();
+    reversed.reverse();
+    for (keys, rewritten) in [(&ordered, false), (&reversed, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.create_table(desc(4)).unwrap();
+        let mut rows = load_in_pieces(&store, keys, 300, 1);
+        let pieces = store.live_files().unwrap();
+        assert!(
+            pieces >= 5,
+            "the load was spilled in pieces ({pieces} files)"
+        );
+        check_rows(&store, &rows, 1, "after the load");
+        store.compact().unwrap();
+        let after = store.live_files().unwrap();
+        assert_eq!(
+            after != pieces,
+            rewritten,
+            "{pieces} files before compaction, {after} after"
+        );
+        check_rows(&store, &rows, 1, "after compaction");
+        drop(store);
+        let store = open(dir.path());
+        check_rows(&store, &rows, 1, "after reopening");
+        // Deltas over the base (a delete, an update, new keys between the pieces' ranges),
+        // then everything compacted into one base per vnode.
+        let table = store
+            .table("t", VnodeBitmap::full(VnodeCount::new(4).unwrap()))
+            .unwrap();
+        let mut writer = table;
+        let changes: Vec<Change> = vec![(0, 1, 0), (900, 2, 4), (901, 0, 1), (8999, 0, 2)];
+        writer.write(&chunk_of(&changes)).unwrap();
+        writer.seal(2).unwrap();
+        store.commit(2).unwrap();
+        apply(&mut rows, &delta_of(&changes));
+        check_rows(&store, &rows, 2, "with a delta");
+        store.compact().unwrap();
+        check_rows(&store, &rows, 2, "compacted with a delta");
+        drop((writer, store));
+        check_rows(&open(dir.path()), &rows, 2, "reopened after compaction");
+    }
 }

@@ -63,8 +63,19 @@ impl Run {
         }
     }
 
+    pub fn first_key(&self) -> Option<&[u8]> {
+        (self.len() > 0).then(|| self.key(0))
+    }
+
     pub fn last_key(&self) -> Option<&[u8]> {
         self.len().checked_sub(1).map(|i| self.key(i))
+    }
+
+    /// Whether any row is a tombstone.
+    pub fn has_tombstones(&self) -> bool {
+        self.deleted
+            .as_ref()
+            .is_some_and(|d| d.count_set_bits() > 0)
     }
 }
 

@@ -109,7 +109,7 @@ impl Input {
     fn rows(&self) -> u64 {
         let deltas: u64 = self.runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
         match self.plan {
-            Plan::Full => deltas + self.runs.base.as_ref().map_or(0, |b| b.span.rows),
+            Plan::Full => deltas + self.runs.base_rows(),
             Plan::Deltas => deltas,
         }
     }
@@ -164,7 +164,7 @@ fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     if deltas == 0 {
         return None;
     }
-    let base: u64 = runs.base.as_ref().map_or(0, |b| b.span.rows);
+    let base = runs.base_rows();
     let delta: u64 = runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
     if deltas >= policy.max_deltas || (deltas >= 2 && delta * 4 >= base) {
         Some(Plan::Full)
@@ -291,11 +291,12 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
         let mut outputs = spans.iter().peekable();
         for input in &job {
             let current = &current_table.vnodes[input.vnode.index()];
-            let same_base = match (&current.base, &input.runs.base) {
-                (None, None) => true,
-                (Some(a), Some(b)) => same_run(a, b),
-                _ => false,
-            };
+            let same_base = current.base.len() == input.runs.base.len()
+                && current
+                    .base
+                    .iter()
+                    .zip(&input.runs.base)
+                    .all(|(a, b)| same_run(a, b));
             let merged = input.runs.deltas.len();
             let same_deltas = current.deltas.len() >= merged
                 && current.deltas[..merged]
@@ -318,7 +319,7 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
             let mut next = current.clone();
             match input.plan {
                 Plan::Full => {
-                    next.base = output;
+                    next.base = output.into_iter().collect();
                     next.deltas.drain(..merged);
                 }
                 Plan::Deltas => {

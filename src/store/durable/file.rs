@@ -1039,6 +1039,51 @@ impl RunList for DiskRun {
     }
 }
 
+/// Disk runs of one vnode that follow each other in key order without overlapping (the
+/// pieces of a bulk load), read as one [`RunList`]: a scan or a merge sees one source.
+#[derive(Debug, Clone)]
+pub(crate) struct Chain {
+    runs: Vec<DiskRun>,
+    /// `ends[i]`: the blocks of `runs[..=i]`.
+    ends: Vec<usize>,
+}
+
+impl Chain {
+    pub fn new(runs: Vec<DiskRun>) -> Self {
+        let ends = runs
+            .iter()
+            .scan(0, |end, run| {
+                *end += run.len();
+                Some(*end)
+            })
+            .collect();
+        Self { runs, ends }
+    }
+
+    /// The run holding block `i` and the block's place in it.
+    fn locate(&self, i: usize) -> (&DiskRun, usize) {
+        let run = self.ends.partition_point(|&end| end <= i);
+        let start = run.checked_sub(1).map_or(0, |r| self.ends[r]);
+        (&self.runs[run], i - start)
+    }
+}
+
+impl RunList for Chain {
+    fn len(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn last_key(&self, i: usize) -> Option<&[u8]> {
+        let (run, i) = self.locate(i);
+        run.last_key(i)
+    }
+
+    fn load(&self, i: usize) -> Result<Arc<Run>> {
+        let (run, i) = self.locate(i);
+        run.load(i)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

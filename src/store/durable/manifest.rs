@@ -12,7 +12,9 @@
 //! ```
 //!
 //! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
-//! committed epochs in commit order. `format` is 2; `log_generation` names the log that
+//! committed epochs in commit order. A base is one run, or several that follow each other in
+//! key order without overlapping (the pieces of an ordered bulk load, read as one list; their
+//! last keys rise, which opening checks). `format` is 2; `log_generation` names the log that
 //! follows this manifest (format 1, written before the log existed, is read as generation 0
 //! with no log). Run files are named `run-<id, 20 digits>.arrow`.
 //!

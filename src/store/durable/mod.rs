@@ -10,7 +10,10 @@
 //!                       point; or, once the log would outgrow the manifest, the whole state
 //!                       as MANIFEST.tmp (generation g + 1), fsync, rename over MANIFEST,
 //!                       fsync the directory  ◀── commit point; then a fresh LOG-<g + 1>
-//!                    3. the layers become committed delta runs; memory is freed
+//!                    3. the layers become committed delta runs (an epoch's runs over
+//!                       an empty vnode, inserts in key order without overlap, become its
+//!                       base as they are: an ordered bulk load is never compacted);
+//!                       memory is freed
 //!  compactor thread: per dirty vnode, base + committed deltas ──merge──▶ new base run (a
 //!                    new file), installed with a record replacing those vnodes' runs;
 //!                    replaced files are removed once no reader holds them.
@@ -57,7 +60,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 
-use self::file::{DiskRun, RunFile, RunFileWriter, RunSpan};
+use self::file::{Chain, DiskRun, RunFile, RunFileWriter, RunSpan};
 use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
@@ -179,12 +182,49 @@ impl LayerRun {
     }
 }
 
-/// One epoch's changes of a table: per vnode, its runs oldest first.
-type Layer = HashMap<VirtualNode, Vec<LayerRun>>;
+/// One epoch's changes of a table, per vnode.
+type Layer = HashMap<VirtualNode, VnodeLayer>;
+
+/// One epoch's changes of a vnode.
+#[derive(Debug, Clone, Default)]
+struct VnodeLayer {
+    /// Its runs, oldest first.
+    runs: Vec<LayerRun>,
+    /// The runs hold no tombstone and follow each other in key order without overlapping:
+    /// committed over an empty vnode, they become its base as they are, so a bulk load of
+    /// ordered rows is written once, not written and compacted.
+    ordered: bool,
+}
 /// A table's sealed layers up to an epoch, oldest first.
 type SealedLayers = Vec<(u64, Arc<Layer>)>;
-/// A committed layer: per vnode, its runs on disk, oldest first.
-type CommittedLayer = Vec<(VirtualNode, Vec<DiskRun>)>;
+/// A committed layer: per vnode, its runs on disk, oldest first, and whether they are
+/// ordered (see [`VnodeLayer::ordered`]).
+type CommittedLayer = Vec<(VirtualNode, Vec<DiskRun>, bool)>;
+
+/// What a commit gives one vnode: runs with their epochs, as deltas or as its base.
+#[derive(Debug)]
+struct VnodeGain {
+    runs: Vec<(u64, DiskRun)>,
+    as_base: bool,
+}
+
+impl VnodeGain {
+    /// The log's edit: deltas appended, or the (empty) run list replaced by the base.
+    fn edit(&self, vnode: VirtualNode) -> VnodeEdit {
+        let (kind, runs) = if self.as_base {
+            let base = self.runs.iter().map(|(_, run)| run_entry(run, 0));
+            (EditKind::Replace, base.collect())
+        } else {
+            let deltas = self.runs.iter().map(|(e, run)| run_entry(run, *e));
+            (EditKind::Append, deltas.collect())
+        };
+        VnodeEdit {
+            vnode: vnode.get(),
+            kind,
+            runs,
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 struct State {
@@ -290,7 +330,9 @@ impl LiveFiles {
 /// The committed runs of a vnode.
 #[derive(Debug, Clone, Default)]
 struct VnodeRuns {
-    base: Option<DiskRun>,
+    /// The base: no tombstones, one run, or (after a bulk load of ordered pieces) several
+    /// that follow each other in key order without overlapping, read as one [`Chain`].
+    base: Vec<DiskRun>,
     /// Committed delta runs, oldest first, with their epochs.
     deltas: Vec<(u64, DiskRun)>,
 }
@@ -298,11 +340,22 @@ struct VnodeRuns {
 impl VnodeRuns {
     fn sources(&self) -> Vec<Box<dyn RunList>> {
         let mut sources: Vec<Box<dyn RunList>> = Vec::with_capacity(1 + self.deltas.len());
-        if let Some(base) = &self.base {
-            sources.push(Box::new(base.clone()));
+        match self.base.as_slice() {
+            [] => {}
+            [base] => sources.push(Box::new(base.clone())),
+            chain => sources.push(Box::new(Chain::new(chain.to_vec()))),
         }
         sources.extend(self.delta_sources());
         sources
+    }
+
+    fn is_empty(&self) -> bool {
+        self.base.is_empty() && self.deltas.is_empty()
+    }
+
+    /// The rows of the base.
+    fn base_rows(&self) -> u64 {
+        self.base.iter().map(|b| b.span.rows).sum()
     }
 
     /// Every run, base first, with its manifest epoch (0 for the base).
@@ -545,7 +598,16 @@ impl DurableStore {
                 };
                 *state.files.runs.entry(run.file).or_default() += 1;
                 if run.epoch == 0 {
-                    if slot.base.is_some() || !slot.deltas.is_empty() {
+                    // A base of several runs must be in key order (their last keys rise).
+                    let out_of_order = slot.base.last().is_some_and(|prev| {
+                        let last = |r: &DiskRun| {
+                            r.len()
+                                .checked_sub(1)
+                                .and_then(|i| r.last_key(i).map(<[u8]>::to_vec))
+                        };
+                        last(prev) >= last(&disk)
+                    });
+                    if !slot.deltas.is_empty() || out_of_order {
                         return Err(Error::CorruptState {
                             context: manifest_path.display().to_string(),
                             message: format!(
@@ -554,7 +616,7 @@ impl DurableStore {
                             ),
                         });
                     }
-                    slot.base = Some(disk);
+                    slot.base.push(disk);
                 } else {
                     slot.deltas.push((run.epoch, disk));
                 }
@@ -669,6 +731,7 @@ impl DurableStore {
             pending: Vec::new(),
             pending_bytes: 0,
             spilled: Vec::new(),
+            order: HashMap::new(),
             last_sealed: None,
             local: BTreeMap::new(),
         })
@@ -881,7 +944,7 @@ impl StateStore for DurableStore {
                 let mut vnodes: Vec<&VirtualNode> = layer.keys().collect();
                 vnodes.sort_unstable();
                 for vnode in vnodes {
-                    for run in &layer[vnode] {
+                    for run in &layer[vnode].runs {
                         if let LayerRun::Memory(run, _) = run
                             && run.len() > 0
                         {
@@ -911,7 +974,7 @@ impl StateStore for DurableStore {
                 let mut per_vnode = Vec::with_capacity(vnodes.len());
                 for vnode in vnodes {
                     let mut runs = Vec::new();
-                    for run in &layer[vnode] {
+                    for run in &layer[vnode].runs {
                         match run {
                             LayerRun::Disk(d) => runs.push(d.clone()),
                             LayerRun::Memory(r, _) if r.len() > 0 => {
@@ -923,49 +986,57 @@ impl StateStore for DurableStore {
                             LayerRun::Memory(..) => {}
                         }
                     }
-                    per_vnode.push((*vnode, runs));
+                    per_vnode.push((*vnode, runs, layer[vnode].ordered));
                 }
                 out.push((*e, per_vnode));
             }
             committed_layers.push((name, out));
         }
         // 3. The record of the commit: the runs each vnode gains, the files that become
-        //    live, the job values; durable with one append (the commit point).
-        let (record, keep) = {
+        //    live, the job values; durable with one append (the commit point). Ordered
+        //    runs of one epoch over an empty vnode become its base (see `VnodeLayer`).
+        let (record, keep, gains) = {
             let state = self.read()?;
             let mut added = Vec::new();
             let mut keep: Vec<Arc<RunFile>> = Vec::new();
             let mut edits = Vec::new();
-            for (name, layers) in &committed_layers {
-                let mut per_vnode: BTreeMap<VirtualNode, Vec<RunEntry>> = BTreeMap::new();
+            let mut gains = Vec::with_capacity(committed_layers.len());
+            for (name, layers) in committed_layers {
+                let current = &state.table(&name)?.vnodes;
+                let mut per_vnode: BTreeMap<VirtualNode, VnodeGain> = BTreeMap::new();
                 for (e, per) in layers {
-                    for (vnode, runs) in per {
-                        for run in runs {
-                            per_vnode
-                                .entry(*vnode)
-                                .or_default()
-                                .push(run_entry(run, *e));
+                    for (vnode, runs, ordered) in per {
+                        if runs.is_empty() {
+                            continue;
+                        }
+                        for run in &runs {
                             let id = run.file.id();
                             if !state.files.contains(id) && !keep.iter().any(|f| f.id() == id) {
                                 added.push(FileEntry::new(id, run.file.check()));
                                 keep.push(run.file.clone());
                             }
                         }
+                        let gain = per_vnode.entry(vnode).or_insert_with(|| VnodeGain {
+                            runs: Vec::new(),
+                            as_base: ordered && current[vnode.index()].is_empty(),
+                        });
+                        if !gain.runs.is_empty() {
+                            // Runs of two epochs: deltas, oldest first.
+                            gain.as_base = false;
+                        }
+                        gain.runs.extend(runs.into_iter().map(|run| (e, run)));
                     }
                 }
                 if !per_vnode.is_empty() {
                     edits.push(TableEdit {
                         table: name.clone(),
                         vnodes: per_vnode
-                            .into_iter()
-                            .map(|(vnode, runs)| VnodeEdit {
-                                vnode: vnode.get(),
-                                kind: EditKind::Append,
-                                runs,
-                            })
+                            .iter()
+                            .map(|(vnode, gain)| gain.edit(*vnode))
                             .collect(),
                     });
                 }
+                gains.push((name, per_vnode));
             }
             let record = LogRecord {
                 committed_epoch: Some(epoch),
@@ -979,7 +1050,7 @@ impl StateStore for DurableStore {
                 removed: Vec::new(),
                 tables: edits,
             };
-            (record, keep)
+            (record, keep, gains)
         };
         shared.persist(&record, &keep)?;
         // 4. Committed: install it.
@@ -987,14 +1058,17 @@ impl StateStore for DurableStore {
             let mut state = self.write()?;
             let state = &mut *state;
             let mut freed = 0;
-            for (name, layers) in committed_layers {
+            for (name, per_vnode) in gains {
                 if let Some(t) = state.tables.get_mut(&name) {
-                    for (e, per_vnode) in layers {
-                        for (vnode, runs) in per_vnode {
-                            for run in runs {
-                                state.files.add(&run);
-                                t.vnodes[vnode.index()].deltas.push((e, run));
-                            }
+                    for (vnode, gain) in per_vnode {
+                        let slot = &mut t.vnodes[vnode.index()];
+                        for (_, run) in &gain.runs {
+                            state.files.add(run);
+                        }
+                        if gain.as_base {
+                            slot.base = gain.runs.into_iter().map(|(_, run)| run).collect();
+                        } else {
+                            slot.deltas.extend(gain.runs);
                             t.dirty.insert(vnode.get());
                         }
                     }
@@ -1005,7 +1079,7 @@ impl StateStore for DurableStore {
                 for layer in t.sealed.values() {
                     freed += layer
                         .values()
-                        .flatten()
+                        .flat_map(|v| &v.runs)
                         .map(LayerRun::memory_bytes)
                         .sum::<usize>();
                 }
@@ -1066,6 +1140,9 @@ pub struct DurableTable {
     pending_bytes: usize,
     /// Runs of this epoch already spilled to disk, oldest first.
     spilled: Vec<(VirtualNode, DiskRun)>,
+    /// Per vnode given runs this epoch: the last key of its runs while they are ordered
+    /// (see [`VnodeLayer::ordered`]), `None` once they are not.
+    order: HashMap<VirtualNode, Option<Vec<u8>>>,
     last_sealed: Option<u64>,
     /// A replicated handle's own layers (never persisted).
     local: BTreeMap<u64, Layer>,
@@ -1094,7 +1171,25 @@ impl DurableTable {
         let built = build_pending_sliced_runs(&self.desc, &self.pending)?;
         self.pending.clear();
         self.pending_bytes = 0;
+        for (vnode, run) in &built.0 {
+            self.note_order(*vnode, run);
+        }
         Ok(built)
+    }
+
+    /// Notes whether `run` keeps this epoch's runs of `vnode` ordered: no tombstone, and
+    /// its first key above the last key of the runs before it.
+    fn note_order(&mut self, vnode: VirtualNode, run: &Run) {
+        let (Some(first), Some(last)) = (run.first_key(), run.last_key()) else {
+            return;
+        };
+        let follows = match self.order.get(&vnode) {
+            None => true,
+            Some(None) => false,
+            Some(Some(before)) => first > before.as_slice(),
+        };
+        let ordered = follows && !run.has_tombstones();
+        self.order.insert(vnode, ordered.then(|| last.to_vec()));
     }
 
     /// Sorts the pending chunks and writes them to an (uncommitted) run file.
@@ -1145,7 +1240,7 @@ impl DurableTable {
         };
         Ok(layers
             .filter_map(|layer| layer.get(&vnode))
-            .flat_map(|runs| runs.iter().cloned())
+            .flat_map(|v| v.runs.iter().cloned())
             .collect())
     }
 }
@@ -1231,7 +1326,11 @@ impl StateTable for DurableTable {
         };
         let mut layer = Layer::new();
         for (vnode, run) in self.spilled.drain(..) {
-            layer.entry(vnode).or_default().push(LayerRun::Disk(run));
+            layer
+                .entry(vnode)
+                .or_default()
+                .runs
+                .push(LayerRun::Disk(run));
         }
         let mut kept_bytes = 0;
         if over_budget && !memory_runs.is_empty() {
@@ -1243,6 +1342,7 @@ impl StateTable for DurableTable {
                 layer
                     .entry(span.vnode)
                     .or_default()
+                    .runs
                     .push(LayerRun::Disk(DiskRun {
                         file: file.clone(),
                         span,
@@ -1255,7 +1355,13 @@ impl StateTable for DurableTable {
                 layer
                     .entry(vnode)
                     .or_default()
+                    .runs
                     .push(LayerRun::Memory(Arc::new(run), bytes));
+            }
+        }
+        for (vnode, last) in std::mem::take(&mut self.order) {
+            if let Some(v) = layer.get_mut(&vnode) {
+                v.ordered = last.is_some();
             }
         }
         if self.replicated {
@@ -1316,7 +1422,7 @@ impl StateTable for DurableTable {
             state.table(self.desc.name())?.vnodes[vnode.index()].clone()
         };
         if runs.deltas.is_empty() {
-            return Ok(runs.base.map_or(0, |b| b.span.rows as usize));
+            return Ok(runs.base_rows() as usize);
         }
         let mut reader = MergeReader::new(runs.sources(), None, 1 << 16)?;
         let mut rows = 0;
