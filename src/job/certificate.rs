@@ -21,6 +21,7 @@
 use std::path::Path;
 
 use arrow_array::{ArrayRef, RecordBatch};
+use rayon::prelude::*;
 
 use arrow_array::Array;
 use arrow_array::cast::AsArray;
@@ -140,17 +141,32 @@ impl TableDigest {
         Ok(())
     }
 
-    /// The digest of `table`'s vnodes as of `epoch`.
+    /// The digest of `table`'s vnodes as of `epoch`, its vnodes scanned in parallel (rayon).
     pub fn of_table(table: &impl StateTable, epoch: u64) -> Result<Self> {
-        let desc = table.desc().clone();
-        let mut digest = Self::new(desc.vnode_count());
-        for vnode in table.vnodes().iter() {
-            let mut scan = table.scan(vnode, None, epoch, DIGEST_BATCH_ROWS)?;
-            while let Some(batch) = scan.next_batch()? {
-                digest.apply(&desc, &StreamChunk::inserts(batch.batch))?;
-            }
-        }
-        Ok(digest)
+        let desc = table.desc();
+        let vnodes: Vec<VirtualNode> = table.vnodes().iter().collect();
+        // A few groups per thread, so that a thread done early takes another.
+        let groups = (rayon::current_num_threads() * 4).max(1);
+        let per_group = vnodes.len().div_ceil(groups).max(1);
+        vnodes
+            .par_chunks(per_group)
+            .map(|group| {
+                let mut digest = Self::new(desc.vnode_count());
+                for &vnode in group {
+                    let mut scan = table.scan(vnode, None, epoch, DIGEST_BATCH_ROWS)?;
+                    while let Some(batch) = scan.next_batch()? {
+                        digest.apply(desc, &StreamChunk::inserts(batch.batch))?;
+                    }
+                }
+                Ok(digest)
+            })
+            .try_reduce(
+                || Self::new(desc.vnode_count()),
+                |mut all, group| {
+                    all.add(&group)?;
+                    Ok(all)
+                },
+            )
     }
 
     /// The digest of the committed output of a replay in `out` (`changes/epoch-*.parquet`).

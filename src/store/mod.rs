@@ -170,7 +170,7 @@ pub trait StateStore: Clone + Send + Sync + 'static {
 }
 
 /// A handle on some vnodes of one table.
-pub trait StateTable: Send + 'static {
+pub trait StateTable: Send + Sync + 'static {
     /// The scan type.
     type Scan: SnapshotScan;
 
