@@ -2,6 +2,7 @@
 //! verified under every mode, bad input rejected with status 2 and a message naming where,
 //! tampered output caught, and the bundled dataset replayed and verified.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -434,6 +435,71 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
         .unwrap();
     dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
     rejects(&d("no-epoch"), &["_epoch"]);
+}
+
+/// The files under `dir`, with their bytes.
+fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                files.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Bad input never costs an earlier output: into existing directories (even with `--fresh`)
+/// the dataset is validated before anything is touched; into new ones the validation runs
+/// beside the snapshot load, and the directories the replay created are removed again.
+#[test]
+fn bad_input_keeps_an_earlier_output_and_leaves_no_new_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = |name: &str| tmp.path().join(name);
+    let log = changes(&[(1, "+ 4 d"), (2, "- 1 a")]);
+    dataset(
+        &d("good"),
+        Some(MANIFEST),
+        &snapshot("1 a\n2 b\n3 c"),
+        Some(&log),
+    );
+    dataset(&d("bad"), Some(MANIFEST), &snapshot("1 a\n2 b\n2 c"), None);
+    let bad = d("bad");
+    let replay_bad = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["replay", path(&bad), "--out", path(out)];
+        args.extend_from_slice(&["--progress", "none"]);
+        args.extend_from_slice(extra);
+        let o = backfill(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("row 2"),
+            "{}",
+            text(&o)
+        );
+    };
+    let out = d("out");
+    replay_verified(&d("good"), &out, &[]);
+    let before = files_under(&out.join("changes"));
+    for extra in [&[][..], &["--fresh"][..], &["--memory"][..]] {
+        replay_bad(&out, extra);
+        assert_eq!(files_under(&out.join("changes")), before, "{extra:?}");
+    }
+    ok(&["verify", path(&d("good")), path(&out)]);
+    replay_bad(&d("new/deeper/out"), &[]);
+    assert!(
+        !d("new").exists(),
+        "a new output directory is removed again"
+    );
+    let elsewhere = d("elsewhere/state");
+    replay_bad(&d("out2"), &["--state", path(&elsewhere)]);
+    assert!(!d("out2").exists() && !d("elsewhere").exists());
+    replay_bad(&d("out3"), &["--memory"]);
+    assert!(!d("out3").exists());
 }
 
 #[test]

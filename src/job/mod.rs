@@ -29,6 +29,7 @@ mod progress;
 pub mod replay;
 mod runtime;
 pub(crate) mod sink;
+mod validation;
 
 pub use certificate::{Certificate, TableDigest, certify_output};
 pub use control::{CONTROL_CAPACITY, JobControl};

@@ -48,6 +48,7 @@ use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::job::barrier::BarrierInjector;
 use crate::job::sink::ParquetSink;
+use crate::job::validation::{NewDirs, Validation};
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
 use crate::replay::prefetch::Prefetch;
@@ -254,9 +255,10 @@ impl Interrupt {
     }
 }
 
-/// Replays `dataset` (see the module docs): validates it (nothing is written on bad input),
-/// then loads the snapshot or resumes from the last checkpoint, backfills while the
-/// changelog is applied, writes the output. `on_progress` is called with fresh counters as
+/// Replays `dataset` (see the module docs): validates it (nothing is written on bad input;
+/// into new directories the validation runs beside the snapshot load, whose commit waits
+/// for it, see `validation.rs`), then loads the snapshot or resumes from the last
+/// checkpoint, backfills while the changelog is applied, writes the output. `on_progress` is called with fresh counters as
 /// the job goes.
 pub async fn run_replay(
     dataset: &Dataset,
@@ -298,21 +300,42 @@ pub async fn run_replay_until(
         }
     }
     check_out_dir(dataset, &options.out)?;
-    let summary = dataset.validate()?;
+    // New directories have nothing to lose: validate beside the load (see `validation.rs`).
+    let new_dirs = match &options.state {
+        StateChoice::Memory => NewDirs::of(&[&options.out]),
+        StateChoice::Durable(dir) => NewDirs::of(&[&options.out, dir]),
+    };
+    let mut validation = match new_dirs {
+        Some(_) => Validation::beside(dataset)?,
+        None => Validation::first(dataset)?,
+    };
+    let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;
+    if result.is_err()
+        && validation.failed()
+        && let Some(new_dirs) = new_dirs
+    {
+        new_dirs.remove();
+    }
+    result
+}
+
+/// [`run_replay_until`] once the options are checked and the validation started: the store
+/// opened, the job run.
+async fn run_validated(
+    dataset: &Dataset,
+    options: &ReplayOptions,
+    validation: &mut Validation,
+    on_progress: impl FnMut(&ReplayProgress),
+    interrupted: impl Future<Output = Interrupt>,
+) -> Result<ReplaySummary> {
     let desc = dataset.table_desc(options.vnodes)?;
     let io = options.io.clone();
     io.create_dir_all(&options.out)?;
     let _out_lock = DirLock::acquire_file(&options.out.join(OUT_LOCK_FILE))?;
     match &options.state {
         StateChoice::Memory => {
-            let job = Job::new(
-                MemoryStore::new(),
-                dataset,
-                options,
-                desc,
-                summary.snapshot_rows,
-            )?;
-            job.run(on_progress, interrupted).await
+            let job = Job::new(MemoryStore::new(), dataset, options, desc)?;
+            job.run(validation, on_progress, interrupted).await
         }
         StateChoice::Durable(dir) => {
             if options.fresh {
@@ -325,8 +348,8 @@ pub async fn run_replay_until(
                 durable::destroy(io.as_ref(), dir)?;
                 store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
             }
-            let job = Job::new(store, dataset, options, desc, summary.snapshot_rows)?;
-            job.run(on_progress, interrupted).await
+            let job = Job::new(store, dataset, options, desc)?;
+            job.run(validation, on_progress, interrupted).await
         }
     }
 }
@@ -468,6 +491,7 @@ struct Job<'a, S: StateStore> {
     dataset: &'a Dataset,
     options: &'a ReplayOptions,
     desc: TableDesc,
+    /// Snapshot rows in the dataset, known once its validation is done.
     snapshot_rows: u64,
     identity: JobIdentity,
 }
@@ -478,7 +502,6 @@ impl<'a, S: StateStore> Job<'a, S> {
         dataset: &'a Dataset,
         options: &'a ReplayOptions,
         desc: TableDesc,
-        snapshot_rows: u64,
     ) -> Result<Self> {
         let identity = JobIdentity::of(dataset, &desc)?;
         Ok(Self {
@@ -486,9 +509,22 @@ impl<'a, S: StateStore> Job<'a, S> {
             dataset,
             options,
             desc,
-            snapshot_rows,
+            snapshot_rows: 0,
             identity,
         })
+    }
+
+    /// Bulk loads the snapshot into the upstream table, sealed at the snapshot epoch (not
+    /// committed).
+    fn load(&self, all: &VnodeBitmap) -> Result<()> {
+        self.store.create_table(self.desc.clone())?;
+        let mut upstream = self.store.table(self.desc.name(), all.clone())?;
+        // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
+        let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
+        for batch in Prefetch::new("backfill-load", READ_AHEAD, batches)? {
+            upstream.write(&StreamChunk::inserts(batch?))?;
+        }
+        upstream.seal(SNAPSHOT_EPOCH)
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -534,12 +570,17 @@ impl<'a, S: StateStore> Job<'a, S> {
     }
 
     async fn run(
-        self,
+        mut self,
+        validation: &mut Validation,
         on_progress: impl FnMut(&ReplayProgress),
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<ReplaySummary> {
         let started = Instant::now();
         let record = self.committed_record()?;
+        if record.is_some() {
+            // A job resumes only on a dataset validated first (the directories existed).
+            self.snapshot_rows = validation.finish()?.snapshot_rows;
+        }
         let store = &self.store;
         let name = self.desc.name().to_string();
         let mut sink = ParquetSink::open(
@@ -582,21 +623,21 @@ impl<'a, S: StateStore> Job<'a, S> {
             None => {
                 // The upstream table, bulk loaded and committed at the snapshot epoch.
                 let load_started = Instant::now();
-                store.create_table(self.desc.clone())?;
-                let mut upstream = store.table(&name, all.clone())?;
-                // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
-                let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
-                for batch in Prefetch::new("backfill-load", READ_AHEAD, batches)? {
-                    upstream.write(&StreamChunk::inserts(batch?))?;
-                }
-                upstream.seal(SNAPSHOT_EPOCH)?;
+                let loaded = self.load(&all);
+                // Nothing of a bad dataset is committed: the load's commit waits for the
+                // validation, whose error (naming file and row) wins over the load's.
+                let dataset = validation.finish()?;
+                loaded?;
+                self.snapshot_rows = dataset.snapshot_rows;
+                summary.snapshot_rows = dataset.snapshot_rows;
                 let identity = serde_json::to_string(&self.identity)
                     .map_err(|e| internal!("job record: {e}"))?;
                 store.stage_meta(META_JOB, &identity)?;
                 store.stage_meta(META_APPLIED, "0")?;
                 store.commit(SNAPSHOT_EPOCH)?;
                 // Merge the load's sorted pieces into one run per vnode before the backfill
-                // starts: its scans then read one source per vnode, not one per piece.
+                // starts: its scans then read one source per vnode, not one per piece. (The
+                // pieces of a snapshot in key order are each vnode's base already.)
                 store.compact()?;
                 summary.load_time = load_started.elapsed();
                 (SNAPSHOT_EPOCH, 0)
