@@ -12,7 +12,8 @@
 #      COPY (snapshot UNION ALL changes, without _epoch/_op) TO one zstd Parquet file;
 #    - `backfill replay` with the defaults (merged order, durable, checkpoint every epoch);
 #    - `backfill replay --order vnode`;
-#    every replay with `--fresh` (a replay is durable and resumes otherwise);
+#    every run into a new output (the previous run's output removed before it, untimed: a
+#    replay is durable and would resume otherwise);
 # 4. runs `backfill verify` on both replay outputs;
 # 5. prints wall times and ratios against the DuckDB copy, with the machine's load.
 #
@@ -89,8 +90,14 @@ if [[ ${#extra[@]} -gt 0 ]]; then quoted_extra="$(printf ' %q' "${extra[@]}")"; 
 q() { printf '%q' "$1"; }
 commands=(
   "$(q "$python") $(q "$work/duckdb_copy.py") $(q "$dataset") $(q "$work/duckdb.parquet") $threads"
-  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/merged") --fresh --progress none$quoted_extra"
-  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/vnode") --order vnode --fresh --progress none$quoted_extra"
+  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/merged") --progress none$quoted_extra"
+  "$(q "$backfill") replay $(q "$dataset") --out $(q "$work/vnode") --order vnode --progress none$quoted_extra"
+)
+# Run before each timed run, untimed: every run writes a new output.
+prepares=(
+  "rm -f $(q "$work/duckdb.parquet")"
+  "rm -rf $(q "$work/merged")"
+  "rm -rf $(q "$work/vnode")"
 )
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -101,6 +108,7 @@ fi
 if [[ "$timer" == hyperfine ]]; then
   log "timing with hyperfine ($runs runs each)"
   hyperfine --runs "$runs" --export-json "$work/times.json" --style basic \
+    --prepare "${prepares[0]}" --prepare "${prepares[1]}" --prepare "${prepares[2]}" \
     -n "${names[0]}" "${commands[0]}" \
     -n "${names[1]}" "${commands[1]}" \
     -n "${names[2]}" "${commands[2]}" >&2
@@ -114,6 +122,7 @@ else
     total=0
     for ((r = 0; r < runs; r++)); do
       log "${names[$i]}, run $((r + 1)) of $runs"
+      bash -c "${prepares[$i]}"
       start=$(date +%s.%N)
       bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
         cat "$work/run-$i.log" >&2
