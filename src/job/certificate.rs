@@ -13,10 +13,11 @@
 //! table, whatever the order of the changes. By I2 the downstream equals the upstream once the
 //! backfill finished: a [`Certificate`] compares the two digests vnode by vnode.
 //!
-//! The row hash is two CRC-32s of the row's values (the vnode hash of DESIGN section 4 over
-//! every hashable column, once in column order and once in reverse), mixed into 64 bits.
-//! Columns of types the vnode hash does not cover (nested types) are left out of the hash
-//! (the count still covers their rows); [`Certificate::hashed_columns`] says how many counted.
+//! The row hash is 64 bits folded from the row's values, column by column, with a multiply
+//! per 64-bit word (the vnode hash's walk over the values, with a faster fold than its CRC:
+//! a replay hashes every row it writes and every row of the table). Columns of types the
+//! vnode hash does not cover (nested types) are left out of the hash (the count still covers
+//! their rows); [`Certificate::hashed_columns`] says how many counted.
 
 use std::path::Path;
 
@@ -32,7 +33,7 @@ use crate::error::{Error, Result, internal};
 use crate::replay::Dataset;
 use crate::store::{SnapshotScan, StateTable};
 use crate::table::TableDesc;
-use crate::vnode::{VirtualNode, VnodeCount, check_hashable, hash_rows};
+use crate::vnode::{VirtualNode, VnodeCount, check_hashable, mix64_rows};
 
 /// Rows per read while digesting.
 const DIGEST_BATCH_ROWS: usize = 64 * 1024;
@@ -42,16 +43,6 @@ const DIGEST_BATCH_ROWS: usize = 64 * 1024;
 pub struct TableDigest {
     rows: Vec<i64>,
     sums: Vec<u64>,
-}
-
-/// The finalizer of SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
-/// generators", 2014): spreads the two CRCs over all 64 bits before they are summed.
-fn mix(mut x: u64) -> u64 {
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// The columns of `batch` that the row hash covers.
@@ -76,15 +67,7 @@ impl TableDigest {
     }
 
     fn row_hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
-        let mut columns = hashed(batch);
-        let forward = hash_rows(&columns, batch.num_rows())?;
-        columns.reverse();
-        let backward = hash_rows(&columns, batch.num_rows())?;
-        Ok(forward
-            .iter()
-            .zip(&backward)
-            .map(|(a, b)| mix((u64::from(*a) << 32) | u64::from(*b)))
-            .collect())
+        mix64_rows(&hashed(batch), batch.num_rows())
     }
 
     /// Adds the rows of `other` (a digest of the same vnode count): the digest of both

@@ -1,5 +1,10 @@
 //! The vectorized vnode hash: our own table-driven CRC-32 (slicing-by-8), one running state
 //! per row, fed a whole column at a time, then reduced to a vnode without a division.
+//!
+//! The column-at-a-time walk over every hashable type is shared ([`Fold`]) with a second row
+//! hash, [`Mix64`]: 64 bits from a multiply-fold per word, several times faster than the
+//! CRC, for checksums of whole rows (the completion certificate) where no format fixes the
+//! function.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -135,16 +140,6 @@ pub(super) fn feed_bytes(mut crc: u32, bytes: &[u8]) -> u32 {
     crc
 }
 
-#[inline(always)]
-fn feed_null(crc: u32) -> u32 {
-    feed_u32(crc, NULL_MARKER)
-}
-
-#[inline(always)]
-fn feed_string(crc: u32, bytes: &[u8]) -> u32 {
-    feed_u8(feed_bytes(crc, bytes), BYTES_TERMINATOR)
-}
-
 /// `f16` bits with -0.0 as 0.0 and every NaN as the canonical quiet NaN `0x7E00`.
 #[inline(always)]
 fn canonical_f16_bits(bits: u16) -> u16 {
@@ -178,6 +173,167 @@ fn canonical_f64_bits(v: f64) -> u64 {
     } else {
         v.to_bits()
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row hashes: how values fold into a row's state
+// ---------------------------------------------------------------------------------------------
+
+/// How one value after another folds into a row's hash state. The column walk
+/// ([`feed_column`]) calls these with each value's canonical bits: little-endian integers of
+/// the value's width, floats with one NaN and one zero, strings and binaries as bytes and a
+/// terminator, a marker for NULL.
+pub(crate) trait Fold {
+    /// The per-row state.
+    type State: Copy;
+    /// The state before the first value.
+    const INIT: Self::State;
+    fn u8(s: Self::State, v: u8) -> Self::State;
+    fn u16(s: Self::State, v: u16) -> Self::State;
+    fn u32(s: Self::State, v: u32) -> Self::State;
+    fn u64(s: Self::State, v: u64) -> Self::State;
+    fn bytes(s: Self::State, v: &[u8]) -> Self::State;
+
+    /// The sixteen little-endian bytes of `v`: low half first.
+    #[inline(always)]
+    fn u128(s: Self::State, v: u128) -> Self::State {
+        Self::u64(Self::u64(s, v as u64), (v >> 64) as u64)
+    }
+
+    #[inline(always)]
+    fn null(s: Self::State) -> Self::State {
+        Self::u32(s, NULL_MARKER)
+    }
+
+    #[inline(always)]
+    fn string(s: Self::State, v: &[u8]) -> Self::State {
+        Self::u8(Self::bytes(s, v), BYTES_TERMINATOR)
+    }
+}
+
+/// The vnode hash (DESIGN section 4): the raw CRC-32 register.
+pub(crate) struct Crc32;
+
+impl Fold for Crc32 {
+    type State = u32;
+    const INIT: u32 = CRC_INIT;
+
+    #[inline(always)]
+    fn u8(s: u32, v: u8) -> u32 {
+        feed_u8(s, v)
+    }
+    #[inline(always)]
+    fn u16(s: u32, v: u16) -> u32 {
+        feed_u16(s, v)
+    }
+    #[inline(always)]
+    fn u32(s: u32, v: u32) -> u32 {
+        feed_u32(s, v)
+    }
+    #[inline(always)]
+    fn u64(s: u32, v: u64) -> u32 {
+        feed_u64(s, v)
+    }
+    #[inline(always)]
+    fn u128(s: u32, v: u128) -> u32 {
+        feed_u128(s, v)
+    }
+    #[inline(always)]
+    fn bytes(s: u32, v: &[u8]) -> u32 {
+        feed_bytes(s, v)
+    }
+}
+
+/// A 64-bit row hash: each value, widened to 64-bit words, is folded in with a 64x64->128
+/// multiply whose halves are xored ("mum", as in wyhash), a string's words then its length.
+/// Not a format (nothing persists it); finish a row with [`mix64`].
+pub(crate) struct Mix64;
+
+/// An odd constant of mixed bits (the 64-bit golden ratio).
+const MIX_K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline(always)]
+fn mum(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+impl Fold for Mix64 {
+    type State = u64;
+    // The first 64 bits of pi's fraction.
+    const INIT: u64 = 0x243F_6A88_85A3_08D3;
+
+    #[inline(always)]
+    fn u8(s: u64, v: u8) -> u64 {
+        Self::u64(s, u64::from(v))
+    }
+    #[inline(always)]
+    fn u16(s: u64, v: u16) -> u64 {
+        Self::u64(s, u64::from(v))
+    }
+    #[inline(always)]
+    fn u32(s: u64, v: u32) -> u64 {
+        Self::u64(s, u64::from(v))
+    }
+    #[inline(always)]
+    fn u64(s: u64, v: u64) -> u64 {
+        // The state goes in twice, so that a value cancelling it (v == s) still leaves it.
+        mum(s ^ v, MIX_K ^ s.rotate_left(29)).wrapping_add(s)
+    }
+    #[inline(always)]
+    fn bytes(mut s: u64, v: &[u8]) -> u64 {
+        let mut words = v.chunks_exact(8);
+        for word in &mut words {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(word);
+            s = Self::u64(s, u64::from_le_bytes(w));
+        }
+        let tail = words.remainder();
+        if !tail.is_empty() {
+            let mut w = [0u8; 8];
+            w[..tail.len()].copy_from_slice(tail);
+            s = Self::u64(s, u64::from_le_bytes(w));
+        }
+        Self::u64(s, v.len() as u64)
+    }
+}
+
+/// The finalizer of SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
+/// generators", 2014): spreads a [`Mix64`] state over all 64 bits.
+#[inline]
+pub(crate) fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The [`Mix64`] hash of every row's values in `columns` (finished with [`mix64`]). Errors as
+/// [`hash_rows`].
+pub(crate) fn mix64_rows(columns: &[ArrayRef], num_rows: usize) -> Result<Vec<u64>> {
+    let mut state = fold_rows::<Mix64>(columns, num_rows)?;
+    for h in &mut state {
+        *h = mix64(*h);
+    }
+    Ok(state)
+}
+
+/// Every row's state after folding in `columns` in order.
+fn fold_rows<F: Fold>(columns: &[ArrayRef], num_rows: usize) -> Result<Vec<F::State>> {
+    let mut state = vec![F::INIT; num_rows];
+    for (i, column) in columns.iter().enumerate() {
+        if column.len() != num_rows {
+            return Err(Error::InvalidChunk(format!(
+                "{} has {} rows, the batch has {num_rows}",
+                column_name(i),
+                column.len()
+            )));
+        }
+        feed_column::<F>(&mut state, column.as_ref())
+            .ok_or_else(|| unsupported(column_name(i), column.data_type()))?;
+    }
+    Ok(state)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,18 +387,7 @@ impl Reducer {
 /// row hashes the empty string (CRC 0). Errors: [`Error::UnsupportedType`] for a type outside
 /// the contract, [`Error::InvalidChunk`] for a column of the wrong length.
 pub fn hash_rows(columns: &[ArrayRef], num_rows: usize) -> Result<Vec<u32>> {
-    let mut state = vec![CRC_INIT; num_rows];
-    for (i, column) in columns.iter().enumerate() {
-        if column.len() != num_rows {
-            return Err(Error::InvalidChunk(format!(
-                "{} has {} rows, the batch has {num_rows}",
-                column_name(i),
-                column.len()
-            )));
-        }
-        feed_column(&mut state, column.as_ref())
-            .ok_or_else(|| unsupported(column_name(i), column.data_type()))?;
-    }
+    let mut state = fold_rows::<Crc32>(columns, num_rows)?;
     for crc in &mut state {
         *crc = finalize(*crc);
     }
@@ -267,95 +412,95 @@ pub fn compute_vnodes(
 }
 
 /// Folds one column into the per-row states; `None` if its type is not hashable.
-fn feed_column(state: &mut [u32], array: &dyn Array) -> Option<()> {
+fn feed_column<F: Fold>(state: &mut [F::State], array: &dyn Array) -> Option<()> {
     use DataType::*;
     debug_assert_eq!(state.len(), array.len());
     match array.data_type() {
-        Null => state.iter_mut().for_each(|s| *s = feed_null(*s)),
+        Null => state.iter_mut().for_each(|s| *s = F::null(*s)),
         Boolean => {
             let array = array.as_boolean();
             let values = array.values().iter();
             match array.nulls().filter(|n| n.null_count() > 0) {
                 None => {
                     for (s, v) in state.iter_mut().zip(values) {
-                        *s = feed_u8(*s, u8::from(v));
+                        *s = F::u8(*s, u8::from(v));
                     }
                 }
                 Some(nulls) => {
                     for ((s, v), valid) in state.iter_mut().zip(values).zip(nulls.iter()) {
                         *s = if valid {
-                            feed_u8(*s, u8::from(v))
+                            F::u8(*s, u8::from(v))
                         } else {
-                            feed_null(*s)
+                            F::null(*s)
                         };
                     }
                 }
             }
         }
-        Int8 => feed_primitive::<Int8Type>(state, array, |c, v| feed_u8(c, v as u8)),
-        Int16 => feed_primitive::<Int16Type>(state, array, |c, v| feed_u16(c, v as u16)),
-        Int32 => feed_primitive::<Int32Type>(state, array, |c, v| feed_u32(c, v as u32)),
-        Int64 => feed_primitive::<Int64Type>(state, array, |c, v| feed_u64(c, v as u64)),
-        UInt8 => feed_primitive::<UInt8Type>(state, array, feed_u8),
-        UInt16 => feed_primitive::<UInt16Type>(state, array, feed_u16),
-        UInt32 => feed_primitive::<UInt32Type>(state, array, feed_u32),
-        UInt64 => feed_primitive::<UInt64Type>(state, array, feed_u64),
-        Float16 => feed_primitive::<Float16Type>(state, array, |c, v| {
-            feed_u16(c, canonical_f16_bits(v.to_bits()))
+        Int8 => feed_primitive::<F, Int8Type>(state, array, |c, v| F::u8(c, v as u8)),
+        Int16 => feed_primitive::<F, Int16Type>(state, array, |c, v| F::u16(c, v as u16)),
+        Int32 => feed_primitive::<F, Int32Type>(state, array, |c, v| F::u32(c, v as u32)),
+        Int64 => feed_primitive::<F, Int64Type>(state, array, |c, v| F::u64(c, v as u64)),
+        UInt8 => feed_primitive::<F, UInt8Type>(state, array, F::u8),
+        UInt16 => feed_primitive::<F, UInt16Type>(state, array, F::u16),
+        UInt32 => feed_primitive::<F, UInt32Type>(state, array, F::u32),
+        UInt64 => feed_primitive::<F, UInt64Type>(state, array, F::u64),
+        Float16 => feed_primitive::<F, Float16Type>(state, array, |c, v| {
+            F::u16(c, canonical_f16_bits(v.to_bits()))
         }),
         Float32 => {
-            feed_primitive::<Float32Type>(state, array, |c, v| feed_u32(c, canonical_f32_bits(v)))
+            feed_primitive::<F, Float32Type>(state, array, |c, v| F::u32(c, canonical_f32_bits(v)))
         }
         Float64 => {
-            feed_primitive::<Float64Type>(state, array, |c, v| feed_u64(c, canonical_f64_bits(v)))
+            feed_primitive::<F, Float64Type>(state, array, |c, v| F::u64(c, canonical_f64_bits(v)))
         }
-        Date32 => feed_primitive::<Date32Type>(state, array, |c, v| feed_u32(c, v as u32)),
-        Date64 => feed_primitive::<Date64Type>(state, array, |c, v| feed_u64(c, v as u64)),
+        Date32 => feed_primitive::<F, Date32Type>(state, array, |c, v| F::u32(c, v as u32)),
+        Date64 => feed_primitive::<F, Date64Type>(state, array, |c, v| F::u64(c, v as u64)),
         Time32(TimeUnit::Second) => {
-            feed_primitive::<Time32SecondType>(state, array, |c, v| feed_u32(c, v as u32))
+            feed_primitive::<F, Time32SecondType>(state, array, |c, v| F::u32(c, v as u32))
         }
         Time32(TimeUnit::Millisecond) => {
-            feed_primitive::<Time32MillisecondType>(state, array, |c, v| feed_u32(c, v as u32))
+            feed_primitive::<F, Time32MillisecondType>(state, array, |c, v| F::u32(c, v as u32))
         }
         Time64(TimeUnit::Microsecond) => {
-            feed_primitive::<Time64MicrosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, Time64MicrosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Time64(TimeUnit::Nanosecond) => {
-            feed_primitive::<Time64NanosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, Time64NanosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Timestamp(TimeUnit::Second, _) => {
-            feed_primitive::<TimestampSecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, TimestampSecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Timestamp(TimeUnit::Millisecond, _) => {
-            feed_primitive::<TimestampMillisecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, TimestampMillisecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Timestamp(TimeUnit::Microsecond, _) => {
-            feed_primitive::<TimestampMicrosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, TimestampMicrosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Timestamp(TimeUnit::Nanosecond, _) => {
-            feed_primitive::<TimestampNanosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, TimestampNanosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Duration(TimeUnit::Second) => {
-            feed_primitive::<DurationSecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, DurationSecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Duration(TimeUnit::Millisecond) => {
-            feed_primitive::<DurationMillisecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, DurationMillisecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Duration(TimeUnit::Microsecond) => {
-            feed_primitive::<DurationMicrosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, DurationMicrosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Duration(TimeUnit::Nanosecond) => {
-            feed_primitive::<DurationNanosecondType>(state, array, |c, v| feed_u64(c, v as u64))
+            feed_primitive::<F, DurationNanosecondType>(state, array, |c, v| F::u64(c, v as u64))
         }
         Decimal128(_, _) => {
-            feed_primitive::<Decimal128Type>(state, array, |c, v| feed_u128(c, v as u128))
+            feed_primitive::<F, Decimal128Type>(state, array, |c, v| F::u128(c, v as u128))
         }
-        Utf8 => feed_byte_values(state, array.as_string::<i32>().iter().map(as_bytes)),
-        LargeUtf8 => feed_byte_values(state, array.as_string::<i64>().iter().map(as_bytes)),
-        Utf8View => feed_byte_values(state, array.as_string_view().iter().map(as_bytes)),
-        Binary => feed_byte_values(state, array.as_binary::<i32>().iter()),
-        LargeBinary => feed_byte_values(state, array.as_binary::<i64>().iter()),
-        BinaryView => feed_byte_values(state, array.as_binary_view().iter()),
+        Utf8 => feed_byte_values::<F>(state, array.as_string::<i32>().iter().map(as_bytes)),
+        LargeUtf8 => feed_byte_values::<F>(state, array.as_string::<i64>().iter().map(as_bytes)),
+        Utf8View => feed_byte_values::<F>(state, array.as_string_view().iter().map(as_bytes)),
+        Binary => feed_byte_values::<F>(state, array.as_binary::<i32>().iter()),
+        LargeBinary => feed_byte_values::<F>(state, array.as_binary::<i64>().iter()),
+        BinaryView => feed_byte_values::<F>(state, array.as_binary_view().iter()),
         _ => return None,
     }
     Some(())
@@ -363,10 +508,10 @@ fn feed_column(state: &mut [u32], array: &dyn Array) -> Option<()> {
 
 /// Folds a fixed-width column in: a tight loop over the values when there is no null.
 #[inline(always)]
-fn feed_primitive<T: ArrowPrimitiveType>(
-    state: &mut [u32],
+fn feed_primitive<F: Fold, T: ArrowPrimitiveType>(
+    state: &mut [F::State],
     array: &dyn Array,
-    feed: impl Fn(u32, T::Native) -> u32,
+    feed: impl Fn(F::State, T::Native) -> F::State,
 ) {
     let array: &PrimitiveArray<T> = array.as_primitive::<T>();
     // `values()` already accounts for the array's offset.
@@ -379,18 +524,21 @@ fn feed_primitive<T: ArrowPrimitiveType>(
         }
         Some(nulls) => {
             for ((s, &v), valid) in state.iter_mut().zip(values.iter()).zip(nulls.iter()) {
-                *s = if valid { feed(*s, v) } else { feed_null(*s) };
+                *s = if valid { feed(*s, v) } else { F::null(*s) };
             }
         }
     }
 }
 
 /// Folds a string or binary column in.
-fn feed_byte_values<'a>(state: &mut [u32], values: impl Iterator<Item = Option<&'a [u8]>>) {
+fn feed_byte_values<'a, F: Fold>(
+    state: &mut [F::State],
+    values: impl Iterator<Item = Option<&'a [u8]>>,
+) {
     for (s, v) in state.iter_mut().zip(values) {
         *s = match v {
-            Some(bytes) => feed_string(*s, bytes),
-            None => feed_null(*s),
+            Some(bytes) => F::string(*s, bytes),
+            None => F::null(*s),
         };
     }
 }

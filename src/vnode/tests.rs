@@ -819,3 +819,76 @@ fn split_covers_the_universe_once_with_balanced_contiguous_ranges() {
         vec![VnodeBitmap::full(count)]
     );
 }
+
+// ----- the 64-bit row hash of checksums ----------------------------------------------------
+
+/// [`mix64_rows`] of one row per column tuple.
+fn mix_of(columns: &[ArrayRef]) -> Vec<u64> {
+    let rows = columns.first().map_or(0, |c| c.len());
+    mix64_rows(columns, rows).unwrap()
+}
+
+#[test]
+fn mix64_is_the_same_for_every_string_layout() {
+    let values = [
+        Some("a"),
+        None,
+        Some(""),
+        Some("a long string of many words"),
+    ];
+    let plain = mix_of(&[arc(StringArray::from(values.to_vec()))]);
+    assert_eq!(
+        mix_of(&[arc(LargeStringArray::from(values.to_vec()))]),
+        plain
+    );
+    assert_eq!(
+        mix_of(&[arc(StringViewArray::from(values.to_vec()))]),
+        plain
+    );
+    // Equal values hash equal wherever they sit in an array (offsets, slices).
+    let sliced = arc(StringArray::from(values.to_vec())).slice(1, 3);
+    assert_eq!(mix_of(&[sliced]), plain[1..].to_vec());
+}
+
+#[test]
+fn mix64_tells_apart_what_a_checksum_must() {
+    // Trailing zero bytes, empty against NULL, where one string ends and the next begins.
+    let a = mix_of(&[arc(BinaryArray::from(vec![
+        Some(&b"a"[..]),
+        Some(&b"a\0"[..]),
+        Some(&b""[..]),
+        None,
+    ]))]);
+    let distinct: std::collections::HashSet<u64> = a.iter().copied().collect();
+    assert_eq!(distinct.len(), 4, "{a:x?}");
+    let split = |x: &str, y: &str| {
+        mix_of(&[
+            arc(StringArray::from(vec![x])),
+            arc(StringArray::from(vec![y])),
+        ])
+    };
+    assert_ne!(split("ab", "c"), split("a", "bc"));
+    // Column order counts.
+    let pair = |x: i64, y: i64| {
+        mix_of(&[
+            arc(Int64Array::from(vec![x])),
+            arc(Int64Array::from(vec![y])),
+        ])
+    };
+    assert_ne!(pair(1, 2), pair(2, 1));
+    assert_ne!(pair(0, 0), pair(0, 1));
+    // One zero and one NaN, as the vnode hash.
+    let floats = mix_of(&[arc(Float64Array::from(vec![
+        0.0,
+        -0.0,
+        f64::NAN,
+        -f64::NAN,
+    ]))]);
+    assert_eq!(floats[0], floats[1]);
+    assert_eq!(floats[2], floats[3]);
+    assert_ne!(floats[0], floats[2]);
+    // A million neighbouring keys, no collision in 64 bits.
+    let keys = mix_of(&[arc(Int64Array::from_iter_values(0..1_000_000))]);
+    let distinct: std::collections::HashSet<u64> = keys.iter().copied().collect();
+    assert_eq!(distinct.len(), keys.len());
+}
