@@ -1015,7 +1015,8 @@ fn check_rows(store: &DurableStore, rows: &Rows, epoch: u64, what: &str) {
 
 /// A bulk load of distinct keys in key order, spilled in pieces, becomes each vnode's base as
 /// it is: a compaction finds nothing to rewrite, and the rows survive reopening and a later
-/// compaction with deltas. The same load out of order is compacted as before.
+/// compaction with deltas. The same load out of order, or in pieces shorter than a block, is
+/// compacted as before.
 #[test]
 fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
     let options = DurableOptions {
@@ -1031,14 +1032,21 @@ fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
         )
         .unwrap()
     };
-    let ordered: Vec<i64> = (0..3000).map(|k| k * 3).collect();
+    let ordered: Vec<i64> = (0..12_000).map(|k| k * 3).collect();
     let mut reversed = ordered.clone();
     reversed.reverse();
-    for (keys, rewritten) in [(&ordered, false), (&reversed, true)] {
+    // Chunks of 1200 rows, each spilled as a piece, give each of 4 vnodes about 300 rows a
+    // piece, whole blocks; chunks of 40 give it about 10, short runs packed with other
+    // vnodes', which are compacted.
+    for (keys, per_piece, rewritten) in [
+        (&ordered, 1200, false),
+        (&reversed, 1200, true),
+        (&ordered, 40, true),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         store.create_table(desc(4)).unwrap();
-        let mut rows = load_in_pieces(&store, keys, 300, 1);
+        let mut rows = load_in_pieces(&store, keys, per_piece, 1);
         let pieces = store.live_files().unwrap();
         assert!(
             pieces >= 5,
@@ -1062,7 +1070,7 @@ fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
             .table("t", VnodeBitmap::full(VnodeCount::new(4).unwrap()))
             .unwrap();
         let mut writer = table;
-        let changes: Vec<Change> = vec![(0, 1, 0), (900, 2, 4), (901, 0, 1), (8999, 0, 2)];
+        let changes: Vec<Change> = vec![(0, 1, 0), (900, 2, 4), (901, 0, 1), (35_999, 0, 2)];
         writer.write(&chunk_of(&changes)).unwrap();
         writer.seal(2).unwrap();
         store.commit(2).unwrap();

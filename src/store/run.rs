@@ -30,6 +30,10 @@ pub(crate) const SEGMENT_ROWS: usize = 8192;
 pub(crate) struct Run {
     pub data: KeyedBatch,
     pub deleted: Option<BooleanBuffer>,
+    /// The block a run read from a shared (packed) batch is a slice of, kept alive with it:
+    /// while a reader holds the slice, the block cache can still find the batch for the
+    /// other runs it holds (see `durable/cache.rs`).
+    pub parent: Option<Arc<Run>>,
 }
 
 impl Run {
@@ -60,6 +64,7 @@ impl Run {
         Run {
             data: self.data.slice(offset, len),
             deleted: self.deleted.as_ref().map(|d| d.slice(offset, len)),
+            parent: self.parent.clone(),
         }
     }
 
@@ -155,7 +160,14 @@ pub(crate) fn build_runs(
             };
             let vnode =
                 u16::try_from(vnode).map_err(|_| internal!("vnode index {vnode} out of range"))?;
-            Ok((VirtualNode::new(vnode), Run { data, deleted }))
+            Ok((
+                VirtualNode::new(vnode),
+                Run {
+                    data,
+                    deleted,
+                    parent: None,
+                },
+            ))
         })
         .collect()
 }
@@ -230,6 +242,7 @@ pub(crate) fn build_sliced_runs(
             let run = Run {
                 data: all.slice(start, len),
                 deleted: deleted.as_ref().map(|d| d.slice(start, len)),
+                parent: None,
             };
             (vnode, run)
         })
@@ -657,6 +670,7 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
                     keys: data.keys,
                 },
                 deleted: None,
+                parent: None,
             }));
         }
     }
@@ -696,6 +710,7 @@ mod tests {
         Arc::new(Run {
             data: KeyedBatch { batch, keys },
             deleted: None,
+            parent: None,
         })
     }
 

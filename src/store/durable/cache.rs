@@ -119,6 +119,7 @@ mod tests {
                 keys: BinaryArray::from_iter_values([b"a"]),
             },
             deleted: None,
+            parent: None,
         })
     }
 

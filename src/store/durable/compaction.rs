@@ -255,6 +255,7 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
                     let run = Run {
                         data,
                         deleted: deleted.map(|d| d.values().clone()),
+                        parent: None,
                     };
                     writer.write_run(input.vnode, &run)?;
                     continue;

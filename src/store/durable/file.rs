@@ -843,9 +843,9 @@ impl RunFile {
         if meta.start == 0 && meta.rows as usize == batch.len() {
             return Ok(batch);
         }
-        Ok(Arc::new(
-            batch.slice(meta.start as usize, meta.rows as usize),
-        ))
+        let mut block = batch.slice(meta.start as usize, meta.rows as usize);
+        block.parent = Some(batch);
+        Ok(Arc::new(block))
     }
 
     /// Reads and checks block `i`.
@@ -906,6 +906,7 @@ impl RunFile {
         Ok(Run {
             data: KeyedBatch { batch: data, keys },
             deleted,
+            parent: None,
         })
     }
 
@@ -1119,6 +1120,7 @@ mod tests {
         Run {
             data: KeyedBatch { batch, keys },
             deleted: deleted.then(|| arrow_buffer::BooleanBuffer::collect_bool(n, |i| i % 3 == 0)),
+            parent: None,
         }
     }
 

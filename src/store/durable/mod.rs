@@ -60,7 +60,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 
-use self::file::{Chain, DiskRun, RunFile, RunFileWriter, RunSpan};
+use self::file::{Chain, DiskRun, MIN_BLOCK_ROWS, RunFile, RunFileWriter, RunSpan};
 use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
@@ -192,8 +192,21 @@ struct VnodeLayer {
     runs: Vec<LayerRun>,
     /// The runs hold no tombstone and follow each other in key order without overlapping:
     /// committed over an empty vnode, they become its base as they are, so a bulk load of
-    /// ordered rows is written once, not written and compacted.
+    /// ordered rows is written once, not written and compacted. Several runs qualify only
+    /// if each fills whole blocks: a chain of short runs, each a slice of a batch packed
+    /// with other vnodes' runs, would make every read of the vnode load several shared
+    /// batches where compaction packs the vnode's rows into one.
     ordered: bool,
+}
+
+/// This epoch's runs of a vnode so far, while they are ordered (see [`VnodeLayer::ordered`]).
+#[derive(Debug)]
+struct Ordered {
+    /// The last key of the runs.
+    last: Vec<u8>,
+    runs: usize,
+    /// Some run is shorter than a block ([`MIN_BLOCK_ROWS`]).
+    short: bool,
 }
 /// A table's sealed layers up to an epoch, oldest first.
 type SealedLayers = Vec<(u64, Arc<Layer>)>;
@@ -1140,9 +1153,9 @@ pub struct DurableTable {
     pending_bytes: usize,
     /// Runs of this epoch already spilled to disk, oldest first.
     spilled: Vec<(VirtualNode, DiskRun)>,
-    /// Per vnode given runs this epoch: the last key of its runs while they are ordered
-    /// (see [`VnodeLayer::ordered`]), `None` once they are not.
-    order: HashMap<VirtualNode, Option<Vec<u8>>>,
+    /// Per vnode given runs this epoch: its runs while they are ordered, `None` once they
+    /// are not.
+    order: HashMap<VirtualNode, Option<Ordered>>,
     last_sealed: Option<u64>,
     /// A replicated handle's own layers (never persisted).
     local: BTreeMap<u64, Layer>,
@@ -1183,13 +1196,18 @@ impl DurableTable {
         let (Some(first), Some(last)) = (run.first_key(), run.last_key()) else {
             return;
         };
-        let follows = match self.order.get(&vnode) {
-            None => true,
-            Some(None) => false,
-            Some(Some(before)) => first > before.as_slice(),
+        let (follows, runs, short) = match self.order.get(&vnode) {
+            None => (true, 0, false),
+            Some(None) => (false, 0, false),
+            Some(Some(before)) => (first > before.last.as_slice(), before.runs, before.short),
         };
         let ordered = follows && !run.has_tombstones();
-        self.order.insert(vnode, ordered.then(|| last.to_vec()));
+        let state = ordered.then(|| Ordered {
+            last: last.to_vec(),
+            runs: runs + 1,
+            short: short || run.len() < MIN_BLOCK_ROWS,
+        });
+        self.order.insert(vnode, state);
     }
 
     /// Sorts the pending chunks and writes them to an (uncommitted) run file.
@@ -1359,9 +1377,9 @@ impl StateTable for DurableTable {
                     .push(LayerRun::Memory(Arc::new(run), bytes));
             }
         }
-        for (vnode, last) in std::mem::take(&mut self.order) {
+        for (vnode, order) in std::mem::take(&mut self.order) {
             if let Some(v) = layer.get_mut(&vnode) {
-                v.ordered = last.is_some();
+                v.ordered = order.is_some_and(|o| o.runs == 1 || !o.short);
             }
         }
         if self.replicated {
