@@ -2,7 +2,6 @@
 //! verified under every mode, bad input rejected with status 2 and a message naming where,
 //! tampered output caught, and the bundled dataset replayed and verified.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,6 +11,9 @@ use arrangement_backfill::chunk::{StreamChunk, changelog_schema};
 use arrow_array::{Int8Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
+
+mod files;
+use files::files_under;
 
 fn backfill(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_backfill"))
@@ -435,23 +437,6 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
         .unwrap();
     dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
     rejects(&d("no-epoch"), &["_epoch"]);
-}
-
-/// The files under `dir`, with their bytes.
-fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut files = BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let p = entry.unwrap().path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                files.insert(p.clone(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    files
 }
 
 /// Bad input never costs an earlier output: into existing directories (even with `--fresh`)

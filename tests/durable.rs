@@ -10,7 +10,6 @@
 //!   naming a missing file, a state directory of another dataset: each is refused with an
 //!   error naming the file, and nothing in the state or output directory changes.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +22,9 @@ use arrangement_backfill::replay::{
 use arrangement_backfill::store::io::{Fault, FaultyIo, RealIo, StorageIo};
 use arrangement_backfill::store::{Compaction, DurableOptions};
 use arrangement_backfill::vnode::VnodeCount;
+
+mod files;
+use files::files_under;
 
 fn dataset(dir: &Path, name: &str, rows_scale: f64, seed: u64) -> Dataset {
     let kind = GenKind::Synthetic {
@@ -147,26 +149,6 @@ fn interrupted_state(tmp: &Path, data: &Dataset, name: &str) -> PathBuf {
     out
 }
 
-/// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut files = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path
-                .file_name()
-                .is_some_and(|n| n != "LOCK" && n != ".lock")
-            {
-                files.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    files
-}
-
 fn run_files(state: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(state)
         .unwrap()
@@ -247,7 +229,7 @@ fn bad_state_directories_are_refused_and_left_as_they_are() {
     for (i, (what, damage, message)) in cases.into_iter().enumerate() {
         let out = interrupted_state(tmp.path(), &data, &format!("out-{i}"));
         let named = damage(&out.join("state"));
-        let before = snapshot(&out);
+        let before = files_under(&out);
         let err = rt
             .block_on(run_replay(&data, &options(&out, RealIo::shared()), |_| {}))
             .expect_err(what);
@@ -259,22 +241,22 @@ fn bad_state_directories_are_refused_and_left_as_they_are() {
             named.display()
         );
         assert!(text.contains(message), "{what}: {text}");
-        assert_eq!(snapshot(&out), before, "{what}: nothing changed");
+        assert_eq!(files_under(&out), before, "{what}: nothing changed");
     }
     // A state directory of another dataset.
     let other = dataset(tmp.path(), "other", 0.01, 6);
     let out = interrupted_state(tmp.path(), &data, "out-other");
-    let before = snapshot(&out);
+    let before = files_under(&out);
     let err = rt
         .block_on(run_replay(&other, &options(&out, RealIo::shared()), |_| {}))
         .expect_err("another dataset");
     assert!(matches!(err, Error::StateConflict { .. }), "{err}");
     assert!(err.to_string().contains("another replay"), "{err}");
-    assert_eq!(snapshot(&out), before, "nothing changed");
+    assert_eq!(files_under(&out), before, "nothing changed");
     // ... and another vnode count.
     let mut o = options(&out, RealIo::shared());
     o.vnodes = VnodeCount::new(8).unwrap();
     let err = rt.block_on(run_replay(&data, &o, |_| {})).unwrap_err();
     assert!(err.to_string().contains("vnode count"), "{err}");
-    assert_eq!(snapshot(&out), before, "nothing changed");
+    assert_eq!(files_under(&out), before, "nothing changed");
 }
