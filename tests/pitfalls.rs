@@ -73,7 +73,8 @@ fn vnode_is_hashed_from_the_distribution_key_not_the_whole_pk() {
 fn completed_vnodes_are_not_read_again_after_a_restart() {
     let mut p = int_params(21);
     p.vnodes = 4;
-    p.batch_size = 1024;
+    // About 25 rows per vnode: a batch holds one vnode's rows, not two.
+    p.batch_size = 40;
     p.order = SnapshotOrder::PerVnode;
     p.initial_rows = 100;
     let mut h = Harness::new(p);
@@ -147,7 +148,8 @@ fn the_last_epochs_upstream_rows_survive_exhaustion_found_at_the_barrier() {
 fn updates_to_completed_vnodes_flow_while_no_vnode_is_in_progress() {
     let mut p = int_params(9);
     p.vnodes = 4;
-    p.batch_size = 1024;
+    // About 20 rows per vnode: one read completes one vnode and starts no other.
+    p.batch_size = 30;
     p.order = SnapshotOrder::PerVnode;
     p.initial_rows = 80;
     let mut h = Harness::new(p);

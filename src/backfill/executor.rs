@@ -62,7 +62,8 @@ pub enum SnapshotOrder {
     /// One key-ordered stream over all vnodes (k-way merge).
     #[default]
     Merged,
-    /// Whole per-vnode batches, round robin; cheaper, no global order (the command line's
+    /// Whole per-vnode batches, round robin (the batches of small vnodes gathered into one
+    /// of up to `batch_size` rows); cheaper, no global order (the command line's
     /// `--order vnode`).
     PerVnode,
 }
@@ -424,7 +425,11 @@ where
         self.merger = Some(if merged {
             Box::new(KWayMerge::new(pk, inputs, batch_size)?.with_table_name(name))
         } else {
-            Box::new(RoundRobin::new(inputs).with_table_name(name))
+            Box::new(
+                RoundRobin::new(inputs)
+                    .with_table_name(name)
+                    .with_output_rows(batch_size),
+            )
         });
         Ok(())
     }

@@ -13,7 +13,12 @@
 //! vnode whose last rows leave is reported exhausted in the same output, like the k-way
 //! merge does: the vnode completes at once and is not scanned again at the next epoch. An
 //! empty input is reported when its turn comes. Key order within each input is checked.
-
+//!
+//! With [`RoundRobin::with_output_rows`], an output gathers whole batches of the following
+//! inputs in turn (concatenated) while they fit in that many rows, each input at most once
+//! per output: with many small vnodes (32768 vnodes of a few dozen rows each) one read is
+//! then a batch's worth of rows, not one vnode's, so an epoch that reads once (barriers
+//! that come faster than the rows) still reads a batch.
 use std::collections::VecDeque;
 
 use arrow_schema::SchemaRef;
@@ -42,6 +47,8 @@ pub struct RoundRobin<S: SnapshotScan> {
     table: String,
     /// The schema of the first batch seen, for empty outputs.
     schema: Option<SchemaRef>,
+    /// An output gathers batches of successive inputs up to this many rows (1: one batch).
+    output_rows: usize,
 }
 
 impl<S: SnapshotScan> RoundRobin<S> {
@@ -63,7 +70,15 @@ impl<S: SnapshotScan> RoundRobin<S> {
             queued: vec![true; k],
             table: String::new(),
             schema: None,
+            output_rows: 1,
         }
+    }
+
+    /// Gathers whole batches of successive inputs into one output while they fit in `rows`
+    /// rows (an output always holds at least one batch, and each input at most once).
+    pub fn with_output_rows(mut self, rows: usize) -> Self {
+        self.output_rows = rows.max(1);
+        self
     }
 
     /// Names the table in [`Error::OrderViolation`](crate::Error::OrderViolation)s.
@@ -76,8 +91,18 @@ impl<S: SnapshotScan> RoundRobin<S> {
 impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
     fn next_output(&mut self) -> Result<Option<MergeOutput>> {
         let mut exhausted = Vec::new();
+        let mut pieces: Vec<KeyedBatch> = Vec::new();
+        let mut progress = Vec::new();
+        let mut rows = 0;
+        // The first input of this output that went back to the end of the turns: meeting
+        // it again means every live input has had its turn.
+        let mut requeued_first = None;
         // Every input in turn either yields a batch or is found exhausted (and leaves).
         while let Some(turn) = self.turns.pop_front() {
+            if requeued_first == Some(turn) {
+                self.turns.push_front(turn);
+                break;
+            }
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
                 Some(batch) => batch,
@@ -90,11 +115,18 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                     }
                 },
             };
+            if rows > 0 && rows + batch.num_rows() > self.output_rows {
+                // It does not fit: it starts the next output.
+                self.ahead[turn] = Some(batch);
+                self.turns.push_front(turn);
+                break;
+            }
             // Look ahead, so the vnode's exhaustion travels with its last rows.
             match input.next_batch(&self.table, &mut self.schema)? {
                 Some(next) => {
                     self.ahead[turn] = Some(next);
                     self.turns.push_back(turn);
+                    requeued_first.get_or_insert(turn);
                 }
                 None => {
                     self.queued[turn] = false;
@@ -104,20 +136,31 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             let last = batch
                 .last_position()
                 .ok_or_else(|| internal!("a merge input yielded an empty batch"))?;
-            let progress = vec![VnodeAdvance {
+            progress.push(VnodeAdvance {
                 vnode: input.vnode(),
                 last,
                 rows: batch.num_rows(),
-            }];
-            return Ok(Some(MergeOutput {
-                batch,
-                progress,
-                exhausted,
-            }));
+            });
+            rows += batch.num_rows();
+            pieces.push(batch);
+            if rows >= self.output_rows {
+                break;
+            }
         }
-        Ok((!exhausted.is_empty()).then(|| MergeOutput {
-            batch: empty_batch(self.schema.as_ref()),
-            progress: Vec::new(),
+        let batch = match pieces.len() {
+            0 => {
+                return Ok((!exhausted.is_empty()).then(|| MergeOutput {
+                    batch: empty_batch(self.schema.as_ref()),
+                    progress,
+                    exhausted,
+                }));
+            }
+            1 => pieces.swap_remove(0),
+            _ => KeyedBatch::concat(&pieces)?,
+        };
+        Ok(Some(MergeOutput {
+            batch,
+            progress,
             exhausted,
         }))
     }
@@ -177,6 +220,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn restarted_inputs_continue_after_their_positions_when_gathering() {
+        for seed in 200..260 {
+            check_restarts(seed, false, |inputs, batch_size| {
+                RoundRobin::new(inputs).with_output_rows(batch_size)
+            });
+        }
+    }
+
+    #[test]
+    fn fuzz_gathered_outputs_every_row_once_within_the_size() {
+        let mut seed = 2000;
+        for shape in [KeyShape::Int, KeyShape::Composite] {
+            for num_inputs in [1, 16, 256] {
+                for output_rows in [1, 5, 100, 1024] {
+                    seed += 1;
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let case = random_case(&mut rng, shape, num_inputs, 3000);
+                    let mut merger = RoundRobin::new(case.scans()).with_output_rows(output_rows);
+                    let outputs = drain(&mut merger, case.owner.len() + num_inputs + 2).unwrap();
+                    check_outputs(&case, &outputs);
+                    for output in &outputs {
+                        // Whole batches: more rows than asked only as a single batch.
+                        assert!(
+                            output.batch.num_rows() <= output_rows || output.progress.len() == 1,
+                            "seed {seed}: {} rows from {} vnodes",
+                            output.batch.num_rows(),
+                            output.progress.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_vnodes_are_gathered_into_one_output_in_turn() {
+        let pk = int_key(false);
+        let vnodes: Vec<VirtualNode> = (0..4).map(VirtualNode::new).collect();
+        let inputs = vec![
+            (
+                vnodes[0],
+                VecScan::new(vec![int_rows_with_ids(&pk, &[1, 2], 0)]),
+            ),
+            (
+                vnodes[1],
+                VecScan::new(vec![int_rows_with_ids(&pk, &[3], 10)]),
+            ),
+            (
+                vnodes[2],
+                VecScan::new(vec![
+                    int_rows_with_ids(&pk, &[4, 5], 20),
+                    int_rows_with_ids(&pk, &[6], 22),
+                ]),
+            ),
+            (
+                vnodes[3],
+                VecScan::new(vec![int_rows_with_ids(&pk, &[7, 8], 30)]),
+            ),
+        ];
+        let outputs = drain(&mut RoundRobin::new(inputs).with_output_rows(5), 10).unwrap();
+        let shape: Vec<(Vec<u64>, Vec<VirtualNode>, Vec<VirtualNode>)> = outputs
+            .iter()
+            .map(|o| {
+                (
+                    ids(&o.batch.batch),
+                    o.progress.iter().map(|p| p.vnode).collect(),
+                    o.exhausted.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                // Vnode 3's two rows would make six: they start the next output.
+                (
+                    vec![0, 1, 10, 20, 21],
+                    vnodes[..3].to_vec(),
+                    vec![vnodes[0], vnodes[1]]
+                ),
+                // Each input once per output: vnode 2 comes back after vnode 3.
+                (
+                    vec![30, 31, 22],
+                    vec![vnodes[3], vnodes[2]],
+                    vec![vnodes[3], vnodes[2]]
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -127,6 +127,28 @@ impl KeyedBatch {
         }
     }
 
+    /// The rows of `pieces` (at least one, all of one schema) in order, as one batch.
+    pub fn concat(pieces: &[KeyedBatch]) -> Result<Self> {
+        let first = pieces
+            .first()
+            .ok_or_else(|| crate::error::internal!("concatenation of no batches"))?;
+        let batch = arrow_select::concat::concat_batches(
+            &first.batch.schema(),
+            pieces.iter().map(|p| &p.batch),
+        )?;
+        let keys: Vec<&dyn arrow_array::Array> = pieces
+            .iter()
+            .map(|p| &p.keys as &dyn arrow_array::Array)
+            .collect();
+        let keys = arrow_select::concat::concat(&keys)?;
+        let keys = keys
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .ok_or_else(|| crate::error::internal!("encoded keys are not binary"))?
+            .clone();
+        Ok(Self { batch, keys })
+    }
+
     /// The position of the last row, if any.
     pub fn last_position(&self) -> Option<Position> {
         (!self.keys.is_empty()).then(|| Position::from_keys(&self.keys, self.keys.len() - 1))
