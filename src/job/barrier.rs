@@ -5,8 +5,10 @@
 //! `checkpoint_every`-th barrier after it is a checkpoint, and so is a barrier carrying
 //! [`Mutation::Stop`], so that a job always ends on a durable state.
 
+use tokio::sync::watch;
+
 use crate::chunk::{Barrier, BarrierKind, EpochPair, Mutation};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 
 /// Hands out barriers with increasing epochs.
 #[derive(Debug, Clone)]
@@ -59,6 +61,45 @@ impl BarrierInjector {
     }
 }
 
+/// Bounds the barriers in flight: sent by a source and not yet collected (committed, for a
+/// checkpoint) by the job's consumer. A barrier interval shorter than a checkpoint's cost
+/// then spaces barriers by that cost instead of queueing them, and the actors read the
+/// snapshot between barriers instead of one batch per barrier with a commit each.
+#[derive(Debug)]
+pub struct InFlight {
+    sent: u64,
+    limit: u64,
+    collected: watch::Receiver<u64>,
+}
+
+impl InFlight {
+    /// At most `limit` (at least 1) barriers in flight; the consumer adds one to the
+    /// returned counter for each barrier it collects.
+    pub fn new(limit: u64) -> (Self, watch::Sender<u64>) {
+        let (tx, collected) = watch::channel(0);
+        let limit = limit.max(1);
+        (
+            Self {
+                sent: 0,
+                limit,
+                collected,
+            },
+            tx,
+        )
+    }
+
+    /// Waits until one more barrier may be sent, and counts it as sent.
+    pub async fn acquire(&mut self) -> Result<()> {
+        let (sent, limit) = (self.sent, self.limit);
+        self.collected
+            .wait_for(|&collected| sent.saturating_sub(collected) < limit)
+            .await
+            .map_err(|_| internal!("the job stopped collecting barriers"))?;
+        self.sent += 1;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +127,25 @@ mod tests {
     #[test]
     fn checkpoint_every_zero_is_rejected() {
         assert!(BarrierInjector::new(1, 0).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_barrier_waits_while_the_limit_is_in_flight() {
+        let (mut in_flight, collected) = InFlight::new(2);
+        in_flight.acquire().await.unwrap();
+        in_flight.acquire().await.unwrap();
+        let third =
+            tokio::time::timeout(std::time::Duration::from_millis(20), in_flight.acquire()).await;
+        assert!(
+            third.is_err(),
+            "a third barrier went out with two in flight"
+        );
+        collected.send_modify(|n| *n += 1);
+        tokio::time::timeout(std::time::Duration::from_secs(5), in_flight.acquire())
+            .await
+            .expect("a collected barrier frees a place")
+            .unwrap();
+        drop(collected);
+        assert!(in_flight.acquire().await.is_err(), "the consumer is gone");
     }
 }

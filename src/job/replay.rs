@@ -17,6 +17,11 @@
 //! carries `Stop`. The consumer commits every checkpoint: prepare the file, commit the store
 //! (with the job record below), publish the file.
 //!
+//! At most [`MAX_BARRIERS_IN_FLIGHT`] barriers are between the source and the consumer's
+//! commit: a barrier interval shorter than a checkpoint's cost spaces barriers by that cost
+//! instead of queueing them, so the actors read the snapshot between barriers rather than
+//! one batch per barrier (an epoch that reads once, I6) with a commit each.
+//!
 //! # Resuming
 //! With the durable store (the default, in `OUT/state`) every checkpoint commits, atomically
 //! with the upstream table and the backfill's progress, a job record in the store's meta:
@@ -46,7 +51,7 @@ use crate::backfill::BackfillStats;
 use crate::backfill::{BackfillConfig, SnapshotOrder};
 use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
-use crate::job::barrier::BarrierInjector;
+use crate::job::barrier::{BarrierInjector, InFlight};
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
@@ -68,6 +73,10 @@ const READ_AHEAD: usize = 4;
 const CHANNEL_CAPACITY: usize = 64;
 /// The barrier interval once the changelog is exhausted, when none is configured.
 const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Barriers sent by the source and not yet collected (committed, for a checkpoint) by the
+/// consumer, at most: one being committed, one on its way.
+pub const MAX_BARRIERS_IN_FLIGHT: u64 = 2;
 /// The output directory's lock file.
 pub const OUT_LOCK_FILE: &str = ".lock";
 /// The state directory inside the output directory, by default.
@@ -660,6 +669,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         let mut rescales = self.options.rescales.clone();
         rescales.sort_by_key(|r| r.after_epoch);
         let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+        let (in_flight, collected) = InFlight::new(MAX_BARRIERS_IN_FLIGHT);
         let source = Source {
             dataset: self.dataset.clone(),
             upstream,
@@ -673,6 +683,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             applied_at: applied_at.clone(),
             control: runtime.control(),
             rescales: rescales.into(),
+            in_flight,
         };
         let (changes_tx, changes_rx) = watch::channel(applied);
         let mut source_task = tokio::spawn(source.run(changes_tx));
@@ -684,6 +695,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 &stats,
                 &changes_rx,
                 &applied_at,
+                &collected,
                 &mut sink,
                 committed,
                 &mut summary,
@@ -754,6 +766,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         stats: &watch::Receiver<BackfillStats>,
         changes_rx: &watch::Receiver<u64>,
         applied_at: &Mutex<BTreeMap<u64, u64>>,
+        collected: &watch::Sender<u64>,
         sink: &mut ParquetSink,
         committed: u64,
         summary: &mut ReplaySummary,
@@ -814,6 +827,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                             summary.certificate = Some(self.certify(prev, sink)?);
                         }
                     }
+                    collected.send_modify(|n| *n += 1);
                 }
             }
             progress.backfill = stats.borrow().clone();
@@ -854,6 +868,8 @@ struct Source<T: StateTable> {
     control: JobControl,
     /// Rescales not yet requested, by dataset epoch.
     rescales: VecDeque<RescalePoint>,
+    /// Bounds the barriers not yet collected by the consumer ([`MAX_BARRIERS_IN_FLIGHT`]).
+    in_flight: InFlight,
 }
 
 impl<T: StateTable> Source<T> {
@@ -880,6 +896,7 @@ impl<T: StateTable> Source<T> {
         let mut dataset_epoch: Option<u64> = None;
         let mut dirty = false;
         // The first barrier closes the committed epoch, which the store already holds.
+        self.in_flight.acquire().await?;
         let first = self.injector.next(None);
         self.send(Message::Barrier(first)).await?;
         let changes = self.dataset.read_changes(self.batch_size)?;
@@ -1000,6 +1017,7 @@ impl<T: StateTable> Source<T> {
     /// Seals the open epoch upstream (with `rows` changelog rows applied as of it) and sends
     /// its closing barrier.
     async fn barrier(&mut self, mutation: Option<Mutation>, rows: u64) -> Result<()> {
+        self.in_flight.acquire().await?;
         let barrier = self.injector.next(mutation);
         self.upstream.seal(barrier.epoch.prev)?;
         self.applied_at
