@@ -506,12 +506,19 @@ impl ProgressDisplay {
                 bar.set_length(p.job.rows_total);
                 bar.set_position(p.job.rows_read);
                 bar.set_message(format!(
-                    "| vnodes done {}/{} | actors {} | upstream changes {} | output rows {}",
+                    "| vnodes done {}/{} | actors {} | upstream changes {} | output rows {}{}",
                     p.job.vnodes.completed,
                     vnodes,
                     p.job.actors.len(),
                     p.upstream_changes,
-                    p.output_rows
+                    p.output_rows,
+                    p.job
+                        .slowest_vnodes
+                        .first()
+                        .map_or_else(String::new, |s| format!(
+                            " | slowest vnode {} (since epoch {})",
+                            s.vnode, s.since_epoch
+                        ))
                 ));
             }
             ProgressDisplay::Plain(last, vnodes) => {
@@ -522,10 +529,20 @@ impl ProgressDisplay {
                     let eta = j
                         .eta
                         .map_or_else(|| "?".to_string(), |eta| format!("{:.0?}", eta));
+                    let slowest: Vec<String> = j
+                        .slowest_vnodes
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "{} since epoch {} ({} rows)",
+                                s.vnode, s.since_epoch, s.rows
+                            )
+                        })
+                        .collect();
                     eprintln!(
                         "snapshot {}/{} rows ({:.0} rows/s, ETA {eta}), vnodes done {}/{} \
-                         (in progress {}, not started {}), actor rows [{}], upstream changes {}, \
-                         output rows {}, epoch {}",
+                         (in progress {}, not started {}), actor rows [{}], slowest vnodes [{}], \
+                         upstream changes {}, output rows {}, epoch {}",
                         j.rows_read,
                         j.rows_total,
                         j.rate,
@@ -534,6 +551,7 @@ impl ProgressDisplay {
                         j.vnodes.in_progress,
                         j.vnodes.not_started,
                         actors.join(", "),
+                        slowest.join(", "),
                         p.upstream_changes,
                         p.output_rows,
                         j.epoch

@@ -31,7 +31,7 @@
 //! How progress is tracked is a [`Tracker`] (`tracker.rs`): per vnode for the arrangement
 //! backfill ([`ArrangementTracker`]), one global position for the no-shuffle baseline.
 
-use crate::backfill::progress::VnodeStateCounts;
+use crate::backfill::progress::{SlowVnode, VnodeStateCounts};
 use crate::backfill::tracker::Tracker;
 use crate::chunk::{Barrier, EpochPair, Mutation, StreamChunk, Watermark};
 use crate::error::{Error, Result, internal};
@@ -107,9 +107,14 @@ pub struct BackfillStats {
     pub upstream_rows_dropped: u64,
     /// Owned vnodes per state.
     pub vnodes: VnodeStateCounts,
+    /// Up to [`SLOWEST_VNODES`] vnodes in progress the longest, slowest first.
+    pub slowest: Vec<SlowVnode>,
     /// The backfill has finished.
     pub finished: bool,
 }
+
+/// How many of the slowest vnodes [`BackfillStats`] lists.
+pub const SLOWEST_VNODES: usize = 3;
 
 /// The I/O-free backfill state machine.
 #[derive(Debug)]
@@ -164,6 +169,7 @@ impl<T: Tracker> BackfillCore<T> {
         BackfillStats {
             snapshot_rows: self.tracker.snapshot_rows(),
             vnodes: self.tracker.counts(),
+            slowest: self.tracker.slowest(SLOWEST_VNODES),
             finished: matches!(self.phase, Phase::Done)
                 || (self.phase == Phase::Stopped && self.tracker.is_finished()),
             ..self.stats.clone()
@@ -286,6 +292,7 @@ impl<T: Tracker> BackfillCore<T> {
         }
         self.epoch = Some(barrier.epoch);
         self.stats.epoch = barrier.epoch.curr;
+        self.tracker.set_epoch(barrier.epoch.curr);
         let mut actions = Vec::new();
         if self.phase == Phase::Backfilling {
             self.flush_buffer(&mut actions)?;
@@ -321,6 +328,7 @@ impl<T: Tracker> BackfillCore<T> {
     fn on_first_barrier(&mut self, barrier: Barrier) -> Result<Vec<Action>> {
         self.epoch = Some(barrier.epoch);
         self.stats.epoch = barrier.epoch.curr;
+        self.tracker.set_epoch(barrier.epoch.curr);
         let mut actions = Vec::new();
         let stop = self.apply_mutation(barrier.mutation.as_ref(), &mut actions);
         actions.push(Action::Forward(barrier.clone()));
@@ -827,5 +835,14 @@ mod tests {
         assert_eq!(stats.upstream_rows_dropped, 1);
         assert_eq!(stats.vnodes.in_progress, 1);
         assert_eq!(stats.epoch, 3);
+        // Vnode 0 started in epoch 2 (the one barrier 1 -> 2 opened).
+        assert_eq!(
+            stats.slowest,
+            vec![SlowVnode {
+                since_epoch: 2,
+                vnode: VirtualNode::ZERO,
+                rows: 3
+            }]
+        );
     }
 }

@@ -37,10 +37,10 @@ pub mod reference;
 pub(crate) mod stream;
 pub(crate) mod tracker;
 
-pub use self::core::{Action, BackfillCore, BackfillStats, Phase};
+pub use self::core::{Action, BackfillCore, BackfillStats, Phase, SLOWEST_VNODES};
 pub use executor::{BackfillConfig, BackfillExecutor, MAX_BATCH_SIZE, SnapshotOrder};
 pub use filter::UpstreamFilter;
 pub use no_shuffle::NoShuffleTracker;
-pub use progress::{ProgressCodec, ProgressMap, VnodeProgress, VnodeStateCounts};
+pub use progress::{ProgressCodec, ProgressMap, SlowVnode, VnodeProgress, VnodeStateCounts};
 pub use stream::{BackfillStream, BarrierHook, ChangelogStream};
 pub use tracker::{ArrangementTracker, Tracker};

@@ -20,6 +20,7 @@
 //!
 //! Positions are stored as typed values and re-encoded on load (see [`crate::key`]).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -89,12 +90,27 @@ pub struct VnodeStateCounts {
     pub completed: usize,
 }
 
+/// A vnode in progress, for the "slowest vnodes" of a progress report: in progress the
+/// longest, that is since the earliest epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SlowVnode {
+    /// The epoch it has been in progress since (for a vnode restored in progress: the
+    /// epoch this run restored it at).
+    pub since_epoch: u64,
+    /// The vnode.
+    pub vnode: VirtualNode,
+    /// Its snapshot rows emitted so far.
+    pub rows: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     current: VnodeProgress,
     committed: VnodeProgress,
     /// Listed in [`ProgressMap::dirty`].
     dirty: bool,
+    /// While InProgress: the epoch it became so (its key in [`ProgressMap::in_progress`]).
+    since: u64,
 }
 
 /// The progress of every owned vnode, current and as last persisted.
@@ -111,6 +127,10 @@ pub struct ProgressMap {
     total_rows: u64,
     /// Vnodes changed since the last [`ProgressMap::mark_persisted`] (each listed once).
     dirty: Vec<VirtualNode>,
+    /// The open epoch (see [`ProgressMap::set_epoch`]).
+    epoch: u64,
+    /// The InProgress vnodes by the epoch they became so: the slowest first.
+    in_progress: BTreeSet<(u64, VirtualNode)>,
 }
 
 impl ProgressMap {
@@ -123,6 +143,7 @@ impl ProgressMap {
                 current: VnodeProgress::NotStarted,
                 committed: VnodeProgress::NotStarted,
                 dirty: false,
+                since: 0,
             });
             not_started += 1;
         }
@@ -135,7 +156,27 @@ impl ProgressMap {
             },
             total_rows: 0,
             dirty: Vec::new(),
+            epoch: 0,
+            in_progress: BTreeSet::new(),
         }
+    }
+
+    /// The epoch now open: a vnode that starts from now on is in progress since it.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// Up to `n` InProgress vnodes, the longest in progress first (ties by vnode).
+    pub fn slowest(&self, n: usize) -> Vec<SlowVnode> {
+        self.in_progress
+            .iter()
+            .take(n)
+            .map(|&(since_epoch, vnode)| SlowVnode {
+                since_epoch,
+                vnode,
+                rows: self.get(vnode).map_or(0, VnodeProgress::rows),
+            })
+            .collect()
     }
 
     /// The owned vnodes.
@@ -171,6 +212,17 @@ impl ProgressMap {
         *self.counts.of_mut(&entry.current) -= 1;
         *self.counts.of_mut(&state) += 1;
         self.total_rows = self.total_rows - entry.current.rows() + state.rows();
+        let in_progress = |p: &VnodeProgress| matches!(p, VnodeProgress::InProgress { .. });
+        match (in_progress(&entry.current), in_progress(&state)) {
+            (false, true) => {
+                entry.since = self.epoch;
+                self.in_progress.insert((self.epoch, vnode));
+            }
+            (true, false) => {
+                self.in_progress.remove(&(entry.since, vnode));
+            }
+            _ => {}
+        }
         entry.current = state;
         if !entry.dirty {
             entry.dirty = true;
@@ -410,6 +462,8 @@ impl ProgressCodec {
         epoch: u64,
     ) -> Result<ProgressMap> {
         let mut map = ProgressMap::new(owned.clone());
+        // Vnodes restored in progress are so since (at least) the restored epoch.
+        map.set_epoch(epoch);
         for vnode in owned.iter() {
             let mut scan = table.scan(vnode, None, epoch, 16)?;
             while let Some(keyed) = scan.next_batch()? {
@@ -531,6 +585,22 @@ mod tests {
             0,
             "restored state is the committed state"
         );
+        // Restored in progress: since the restored epoch.
+        assert_eq!(
+            restored.slowest(5),
+            vec![
+                SlowVnode {
+                    since_epoch: 1,
+                    vnode: v(1),
+                    rows: 10
+                },
+                SlowVnode {
+                    since_epoch: 1,
+                    vnode: v(2),
+                    rows: 4
+                },
+            ]
+        );
 
         // A later upsert replaces the row.
         map.complete(v(1)).unwrap();
@@ -549,5 +619,36 @@ mod tests {
     fn nothing_to_encode_is_none() {
         let codec = ProgressCodec::new("p", &pk(), VnodeCount::new(4).unwrap()).unwrap();
         assert!(codec.encode(std::iter::empty()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_slowest_vnodes_are_those_in_progress_since_the_earliest_epoch() {
+        let pk = pk();
+        let count = VnodeCount::new(8).unwrap();
+        let owned = VnodeBitmap::full(count);
+        let at = |i: i32| pos(&pk, Some(&i.to_string()), 0);
+        let mut map = ProgressMap::new(owned);
+        map.set_epoch(2);
+        map.advance(v(6), at(1), 1).unwrap();
+        map.set_epoch(3);
+        map.advance(v(4), at(1), 2).unwrap();
+        map.advance(v(0), at(1), 3).unwrap();
+        map.advance(v(6), at(2), 4).unwrap(); // moving on keeps its start
+        map.set_epoch(5);
+        map.advance(v(2), at(1), 1).unwrap();
+        let slowest = |map: &ProgressMap| -> Vec<(u64, u16, u64)> {
+            map.slowest(3)
+                .iter()
+                .map(|s| (s.since_epoch, s.vnode.get(), s.rows))
+                .collect()
+        };
+        assert_eq!(slowest(&map), vec![(2, 6, 5), (3, 0, 3), (3, 4, 2)]);
+        map.complete(v(6)).unwrap();
+        map.complete(v(0)).unwrap();
+        assert_eq!(slowest(&map), vec![(3, 4, 2), (5, 2, 1)]);
+        map.complete(v(5)).unwrap(); // an empty vnode never was in progress
+        map.complete(v(4)).unwrap();
+        map.complete(v(2)).unwrap();
+        assert!(map.slowest(3).is_empty());
     }
 }

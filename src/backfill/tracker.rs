@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::backfill::filter::UpstreamFilter;
-use crate::backfill::progress::{ProgressCodec, ProgressMap, VnodeStateCounts};
+use crate::backfill::progress::{ProgressCodec, ProgressMap, SlowVnode, VnodeStateCounts};
 use crate::chunk::StreamChunk;
 use crate::error::Result;
 use crate::key::Position;
@@ -39,6 +39,13 @@ pub trait Tracker: Send + 'static {
     /// True when snapshot rows must leave in global key order (the k-way merge).
     fn needs_global_order(&self) -> bool {
         false
+    }
+    /// The epoch now open (a barrier passed).
+    fn set_epoch(&mut self, _epoch: u64) {}
+    /// Up to `n` vnodes in progress the longest, slowest first (none when progress is not
+    /// kept per vnode).
+    fn slowest(&self, _n: usize) -> Vec<SlowVnode> {
+        Vec::new()
     }
 }
 
@@ -133,5 +140,13 @@ impl Tracker for ArrangementTracker {
 
     fn snapshot_rows(&self) -> u64 {
         self.progress.total_rows()
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        self.progress.set_epoch(epoch);
+    }
+
+    fn slowest(&self, n: usize) -> Vec<SlowVnode> {
+        self.progress.slowest(n)
     }
 }

@@ -3,7 +3,12 @@
 //! Every actor publishes its executor's [`BackfillStats`] to the [`StatsBoard`] after each
 //! message it sends; the board sums them into the job's [`BackfillStats`] (what the replay's
 //! source waits on to end the job) and a [`JobProgress`] (rows read of the estimated total,
-//! rate, ETA, vnodes per state, per-actor rows) for progress bars.
+//! rate, ETA, vnodes per state, per-actor rows, the slowest vnodes) for progress bars.
+//!
+//! The slowest vnodes are those in progress the longest (since the earliest epoch, over all
+//! actors): in per-vnode order the stragglers a user waits for (a large vnode, or one whose
+//! scan upstream changes keep restarting); in merged order every vnode starts at once, so
+//! they are the first few vnodes still open.
 //!
 //! Counting: `rows_read` is the snapshot rows emitted in all (restored progress included),
 //! the sum of the actors' per-vnode row counts. The snapshot of a vnode is read at the
@@ -20,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::backfill::{BackfillStats, VnodeStateCounts};
+use crate::backfill::{BackfillStats, SLOWEST_VNODES, SlowVnode, VnodeStateCounts};
 use crate::error::{Result, internal};
 
 /// One actor's share of the job.
@@ -55,6 +60,9 @@ pub struct JobProgress {
     pub vnodes: VnodeStateCounts,
     /// Per actor of the current generation.
     pub actors: Vec<ActorProgress>,
+    /// Up to [`SLOWEST_VNODES`] vnodes in progress the longest, over all actors, slowest
+    /// first.
+    pub slowest_vnodes: Vec<SlowVnode>,
     /// Rescales completed so far.
     pub rescales: u64,
     /// The longest a rescale held the job: from the rescale barrier reaching the dispatcher
@@ -202,6 +210,7 @@ impl StatsBoard {
             total.vnodes.in_progress += s.vnodes.in_progress;
             total.vnodes.completed += s.vnodes.completed;
             total.finished &= s.finished;
+            total.slowest.extend_from_slice(&s.slowest);
             actors.push(ActorProgress {
                 vnodes: *vnodes,
                 rows: s.snapshot_rows,
@@ -212,6 +221,8 @@ impl StatsBoard {
         if total.epoch == u64::MAX {
             total.epoch = 0;
         }
+        total.slowest.sort_unstable();
+        total.slowest.truncate(SLOWEST_VNODES);
         let rows_total = if total.finished {
             total.snapshot_rows
         } else {
@@ -234,6 +245,7 @@ impl StatsBoard {
             eta,
             vnodes: total.vnodes,
             actors,
+            slowest_vnodes: total.slowest.clone(),
             rescales: board.rescales,
             rescale_pause_max: board.rescale_pause_max,
             rescale_restart_max: board.rescale_restart_max,
@@ -285,5 +297,36 @@ mod tests {
         let s = board.stats().borrow().clone();
         assert_eq!((s.snapshot_rows, s.snapshot_rows_this_run), (30, 30));
         assert_eq!(board.progress().borrow().rescales, 1);
+    }
+
+    #[test]
+    fn the_slowest_vnodes_of_all_actors_are_the_longest_in_progress() {
+        let board = StatsBoard::new(2, 1000);
+        let slow = |since_epoch, vnode, rows| SlowVnode {
+            since_epoch,
+            vnode: crate::vnode::VirtualNode::new(vnode),
+            rows,
+        };
+        let with = |slowest: Vec<SlowVnode>| BackfillStats {
+            slowest,
+            ..stats(10, 10, false)
+        };
+        board
+            .update(0, 0, 4, with(vec![slow(3, 1, 5), slow(7, 2, 9)]))
+            .unwrap();
+        board
+            .update(
+                0,
+                1,
+                4,
+                with(vec![slow(2, 8, 1), slow(3, 0, 4), slow(9, 5, 0)]),
+            )
+            .unwrap();
+        let p = board.progress().borrow().clone();
+        assert_eq!(
+            p.slowest_vnodes,
+            vec![slow(2, 8, 1), slow(3, 0, 4), slow(3, 1, 5)]
+        );
+        assert_eq!(board.stats().borrow().slowest, p.slowest_vnodes);
     }
 }
