@@ -20,7 +20,9 @@
 //!
 //! `actors_snapshot/1M/{merged,unordered}/{1,2}`: the same snapshot through the job runtime
 //! (dispatcher, actors as tokio tasks on a 2-worker runtime, aligned merge) with 1 and 2
-//! actors.
+//! actors; and `actors_snapshot/1M/no_shuffle/1`, the no-shuffle baseline on the same
+//! runtime: its parallelism is its upstream's (here 1, as in a replay: one source), where the
+//! arrangement backfill picks its own (`merged/2`).
 //!
 //! `snapshot_parts/1M`: where the merged backfill's time goes (the per-vnode scans alone, and
 //! the k-way merge over them, at 64-row and 1024-row reads), without the executor.
@@ -416,6 +418,14 @@ fn actors_snapshot(c: &mut Criterion) {
             });
         }
     }
+    // One position over all vnodes: it cannot be split across actors, so it runs at the
+    // upstream's parallelism whatever the cores.
+    group.bench_function("no_shuffle/1", |b| {
+        b.iter(|| {
+            let run = runs.fetch_add(1, Ordering::Relaxed);
+            run_executor(&runtime, &store, Kind::NoShuffle, rows, run)
+        })
+    });
     group.finish();
 }
 
