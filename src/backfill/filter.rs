@@ -13,7 +13,9 @@
 //! The work is vectorized: the vnode of every row (one hashing pass), the key of every row
 //! (one arrow-row pass, only when some vnode is InProgress), one boolean mask built with
 //! `collect_bool`, then one Arrow filter. A table keyed by one integer column skips key
-//! encoding and compares native values. When one half of an update pair is dropped, the other
+//! encoding and compares native values, without a branch on the vnode's rule: each vnode's
+//! rule and bound are laid out per vnode at preparation, and a row's verdict is a gather,
+//! a compare and two masks. When one half of an update pair is dropped, the other
 //! becomes a plain Delete or Insert ([`StreamChunk::filter`]).
 //!
 //! An [`UpstreamFilter`] is prepared once per barrier (positions do not move while buffered
@@ -58,13 +60,22 @@ pub struct UpstreamFilter {
     native: Option<NativeBounds>,
 }
 
-/// Bounds of a single integer key column, as the column's values.
+/// Bounds of a single integer key column, as the column's values, one per vnode, with what
+/// each vnode's rows do, so the mask is a branch-free gather and compare per row.
 #[derive(Debug)]
 struct NativeBounds {
     column: usize,
     descending: bool,
-    values: ArrayRef,
+    /// Per vnode, its bound (any value where the vnode has none).
+    per_vnode: ArrayRef,
+    /// Per vnode: [`EMIT`] for every row, [`BOUNDED`] for rows within the bound, or 0.
+    modes: Vec<u8>,
 }
+
+/// A vnode's rows are all emitted.
+const EMIT: u8 = 1;
+/// A vnode's rows are emitted up to its bound.
+const BOUNDED: u8 = 2;
 
 impl UpstreamFilter {
     /// The arrangement backfill's filter: one rule per owned vnode from its progress.
@@ -115,11 +126,33 @@ impl UpstreamFilter {
                     .next()
                     .ok_or_else(|| internal!("decoded key has no column"))?;
                 // NULL bounds order by null rules; leave those to the encoded path.
-                (values.null_count() == 0).then(|| NativeBounds {
-                    column: *column,
-                    descending: pk.columns()[0].descending,
-                    values,
-                })
+                if values.null_count() == 0 {
+                    let bound_of = rules.iter().map(|rule| match rule {
+                        Rule::UpTo(b) => *b as u32,
+                        _ => 0,
+                    });
+                    let per_vnode = arrow_select::take::take(
+                        &values,
+                        &arrow_array::UInt32Array::from_iter_values(bound_of),
+                        None,
+                    )?;
+                    let modes = rules
+                        .iter()
+                        .map(|rule| match rule {
+                            Rule::Emit => EMIT,
+                            Rule::UpTo(_) => BOUNDED,
+                            Rule::Drop | Rule::NotOwned => 0,
+                        })
+                        .collect();
+                    Some(NativeBounds {
+                        column: *column,
+                        descending: pk.columns()[0].descending,
+                        per_vnode,
+                        modes,
+                    })
+                } else {
+                    None
+                }
             }
             _ => None,
         };
@@ -206,12 +239,7 @@ impl UpstreamFilter {
         }
         macro_rules! native {
             ($t:ty) => {
-                Some(self.native_mask_typed::<$t>(
-                    column,
-                    &native.values,
-                    native.descending,
-                    vnodes,
-                ))
+                Some(native_mask_typed::<$t>(column, native, vnodes))
             };
         }
         Ok(match column.data_type() {
@@ -226,25 +254,31 @@ impl UpstreamFilter {
             _ => None,
         })
     }
+}
 
-    fn native_mask_typed<T: ArrowPrimitiveType>(
-        &self,
-        column: &ArrayRef,
-        bounds: &ArrayRef,
-        descending: bool,
-        vnodes: &[VirtualNode],
-    ) -> BooleanBuffer
-    where
-        T::Native: Ord,
-    {
-        let values = column.as_primitive::<T>().values();
-        let bounds = bounds.as_primitive::<T>().values();
-        BooleanBuffer::collect_bool(values.len(), |i| match self.rules[vnodes[i].index()] {
-            Rule::Emit => true,
-            Rule::UpTo(b) if descending => values[i] >= bounds[b],
-            Rule::UpTo(b) => values[i] <= bounds[b],
-            Rule::Drop | Rule::NotOwned => false,
-        })
+/// Per row: emitted when its vnode emits everything, or bounds it and the value is within
+/// the bound. Written without branches on the rule (a third each of emit, drop and bounded
+/// rows mispredicted every other row), it runs as gathers, compares and masks.
+fn native_mask_typed<T: ArrowPrimitiveType>(
+    column: &ArrayRef,
+    native: &NativeBounds,
+    vnodes: &[VirtualNode],
+) -> BooleanBuffer
+where
+    T::Native: Ord,
+{
+    let values = column.as_primitive::<T>().values();
+    let bounds = native.per_vnode.as_primitive::<T>().values();
+    let modes = &native.modes;
+    let keep = |i: usize, within: fn(T::Native, T::Native) -> bool| {
+        let v = vnodes[i].index();
+        let mode = modes[v];
+        (mode & EMIT != 0) | ((mode & BOUNDED != 0) & within(values[i], bounds[v]))
+    };
+    if native.descending {
+        BooleanBuffer::collect_bool(values.len(), |i| keep(i, |x, b| x >= b))
+    } else {
+        BooleanBuffer::collect_bool(values.len(), |i| keep(i, |x, b| x <= b))
     }
 }
 
@@ -452,6 +486,22 @@ mod tests {
             descending in any::<bool>(),
         ) {
             let desc = int_table(4, descending);
+            let chunk = int_chunk(&desc, &keys);
+            let progress = random_progress(&desc, chunk.batch(), &states);
+            let filter = UpstreamFilter::for_progress(desc.clone(), &progress).unwrap();
+            let got: Vec<bool> = filter.mask(&chunk).unwrap().values().iter().collect();
+            prop_assert_eq!(got, reference_mask(&desc, &progress, &chunk));
+        }
+
+        /// Without NULL keys: the native (branch-free) kernel decides every bounded chunk.
+        #[test]
+        fn int_key_native_filter_matches_per_row_reference(
+            keys in prop::collection::vec(-50i64..50, 0..80),
+            states in prop::collection::vec((0u8..3, 0usize..80), 4),
+            descending in any::<bool>(),
+        ) {
+            let desc = int_table(4, descending);
+            let keys: Vec<Option<i64>> = keys.into_iter().map(Some).collect();
             let chunk = int_chunk(&desc, &keys);
             let progress = random_progress(&desc, chunk.batch(), &states);
             let filter = UpstreamFilter::for_progress(desc.clone(), &progress).unwrap();
