@@ -94,8 +94,8 @@ pub struct VnodeStateCounts {
 /// longest, that is since the earliest epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SlowVnode {
-    /// The epoch it has been in progress since (for a vnode restored in progress: the
-    /// epoch this run restored it at).
+    /// The epoch it has been in progress since; for a vnode restored in progress (a
+    /// resumed job, or an actor started by a rescale), the epoch it was restored at.
     pub since_epoch: u64,
     /// The vnode.
     pub vnode: VirtualNode,

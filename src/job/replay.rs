@@ -703,6 +703,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                 interrupted,
             )
             .await;
+        // No barrier will be collected any more: a source waiting for a place in flight
+        // fails instead of waiting forever.
+        drop(collected);
         if result.is_err() {
             // Wait for the aborted source and actors to let go of their table handles (and
             // so of the store and its directory lock) before reporting.

@@ -14,11 +14,14 @@
 //! merge does: the vnode completes at once and is not scanned again at the next epoch. An
 //! empty input is reported when its turn comes. Key order within each input is checked.
 //!
-//! With [`RoundRobin::with_output_rows`], an output gathers whole batches of the following
-//! inputs in turn (concatenated) while they fit in that many rows, each input at most once
-//! per output: with many small vnodes (32768 vnodes of a few dozen rows each) one read is
-//! then a batch's worth of rows, not one vnode's, so an epoch that reads once (barriers
-//! that come faster than the rows) still reads a batch.
+//! With [`RoundRobin::with_output_rows`] (what the executor uses), an output gathers whole
+//! batches of the following inputs in turn, concatenated (a copy, unless one batch fills
+//! it), while they fit in that many rows, each input at most once per output and at most
+//! [`MAX_GATHERED_INPUTS`] inputs: with many small vnodes (32768 vnodes of a few dozen rows
+//! each) one read is then a batch's worth of rows, not one vnode's, so an epoch that reads
+//! once (barriers that come faster than the rows) still reads a batch. The cap bounds the
+//! reads one output makes (each input also fetches its next batch ahead) like the k-way
+//! merge's fan-in does, so a barrier waits no longer behind it.
 use std::collections::VecDeque;
 
 use arrow_schema::SchemaRef;
@@ -31,6 +34,9 @@ use crate::merge::input::MergeInput;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeAdvance};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
+
+/// The most inputs one gathered output takes batches from.
+pub const MAX_GATHERED_INPUTS: usize = 256;
 
 /// Per-vnode batches in turn, unmerged. See the module docs.
 pub struct RoundRobin<S: SnapshotScan> {
@@ -75,7 +81,8 @@ impl<S: SnapshotScan> RoundRobin<S> {
     }
 
     /// Gathers whole batches of successive inputs into one output while they fit in `rows`
-    /// rows (an output always holds at least one batch, and each input at most once).
+    /// rows (an output with rows holds at least one batch, each input at most once, and at
+    /// most [`MAX_GATHERED_INPUTS`] inputs).
     pub fn with_output_rows(mut self, rows: usize) -> Self {
         self.output_rows = rows.max(1);
         self
@@ -143,7 +150,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             });
             rows += batch.num_rows();
             pieces.push(batch);
-            if rows >= self.output_rows {
+            if rows >= self.output_rows || pieces.len() >= MAX_GATHERED_INPUTS {
                 break;
             }
         }
@@ -234,8 +241,8 @@ mod tests {
     #[test]
     fn fuzz_gathered_outputs_every_row_once_within_the_size() {
         let mut seed = 2000;
-        for shape in [KeyShape::Int, KeyShape::Composite] {
-            for num_inputs in [1, 16, 256] {
+        for shape in [KeyShape::Int, KeyShape::NullableInt, KeyShape::Composite] {
+            for num_inputs in [1, 16, 300] {
                 for output_rows in [1, 5, 100, 1024] {
                     seed += 1;
                     let mut rng = StdRng::seed_from_u64(seed);
@@ -244,6 +251,7 @@ mod tests {
                     let outputs = drain(&mut merger, case.owner.len() + num_inputs + 2).unwrap();
                     check_outputs(&case, &outputs);
                     for output in &outputs {
+                        assert!(output.progress.len() <= MAX_GATHERED_INPUTS);
                         // Whole batches: more rows than asked only as a single batch.
                         assert!(
                             output.batch.num_rows() <= output_rows || output.progress.len() == 1,

@@ -132,6 +132,16 @@ impl KeyedBatch {
         let first = pieces
             .first()
             .ok_or_else(|| crate::error::internal!("concatenation of no batches"))?;
+        if let Some(other) = pieces
+            .iter()
+            .find(|p| p.batch.schema() != first.batch.schema())
+        {
+            return Err(crate::error::internal!(
+                "concatenation of batches of different schemas: {:?} and {:?}",
+                first.batch.schema(),
+                other.batch.schema()
+            ));
+        }
         let batch = arrow_select::concat::concat_batches(
             &first.batch.schema(),
             pieces.iter().map(|p| &p.batch),
