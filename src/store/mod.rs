@@ -132,20 +132,19 @@ impl KeyedBatch {
         let first = pieces
             .first()
             .ok_or_else(|| crate::error::internal!("concatenation of no batches"))?;
-        if let Some(other) = pieces
-            .iter()
-            .find(|p| p.batch.schema() != first.batch.schema())
-        {
+        let schema = first.batch.schema_ref();
+        // Pieces of one table share one schema: comparing pointers is the usual answer.
+        let differs = |p: &&KeyedBatch| {
+            let other = p.batch.schema_ref();
+            !Arc::ptr_eq(other, schema) && other != schema
+        };
+        if let Some(other) = pieces.iter().find(differs) {
             return Err(crate::error::internal!(
-                "concatenation of batches of different schemas: {:?} and {:?}",
-                first.batch.schema(),
+                "concatenation of batches of different schemas: {schema:?} and {:?}",
                 other.batch.schema()
             ));
         }
-        let batch = arrow_select::concat::concat_batches(
-            &first.batch.schema(),
-            pieces.iter().map(|p| &p.batch),
-        )?;
+        let batch = arrow_select::concat::concat_batches(schema, pieces.iter().map(|p| &p.batch))?;
         let keys: Vec<&dyn arrow_array::Array> = pieces
             .iter()
             .map(|p| &p.keys as &dyn arrow_array::Array)

@@ -550,14 +550,7 @@ fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
                 .iter()
                 .map(|(run, start, len)| run.data.slice(*start, *len))
                 .collect();
-            let schema = slices[0].batch.schema();
-            let batch =
-                arrow_select::concat::concat_batches(&schema, slices.iter().map(|s| &s.batch))?;
-            let keys: Vec<&dyn Array> = slices.iter().map(|s| &s.keys as &dyn Array).collect();
-            let keys = arrow_select::concat::concat(&keys)?
-                .as_binary::<i32>()
-                .clone();
-            Ok(Some(KeyedBatch { batch, keys }))
+            KeyedBatch::concat(&slices).map(Some)
         }
         _ => {
             let mut runs: Vec<&Arc<Run>> = Vec::new();
