@@ -33,10 +33,11 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result, internal};
@@ -190,11 +191,44 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
     }
 }
 
-fn new_writer(schema: &SchemaRef) -> Result<ArrowWriter<Vec<u8>>> {
-    let props = WriterProperties::builder()
+/// Whether the sink dictionary-encodes a column of `data_type`: strings and binaries only.
+///
+/// Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): dictionary encoding of the
+/// numeric columns (hashing and interning every value) was about 3 s of a replay's CPU, and
+/// under zstd their plain pages came out smaller than dictionary-encoded ones; strings (flags,
+/// modes, free text) keep it, readers can then decode them to dictionary arrays.
+fn dictionary_encoded(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+            | DataType::FixedSizeBinary(_)
+    )
+}
+
+/// The writer properties of a changelog file of `schema`.
+fn writer_properties(schema: &SchemaRef) -> WriterProperties {
+    let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .set_coerce_types(true) // Date64 as a Parquet DATE, so every reader sees a date.
-        .build();
+        .set_coerce_types(true); // Date64 as a Parquet DATE, so every reader sees a date.
+    for field in schema.fields() {
+        // Top-level leaves only; a nested column keeps the default (dictionary on).
+        if !field.data_type().is_nested() {
+            builder = builder.set_column_dictionary_enabled(
+                ColumnPath::from(field.name().as_str()),
+                dictionary_encoded(field.data_type()),
+            );
+        }
+    }
+    builder.build()
+}
+
+fn new_writer(schema: &SchemaRef) -> Result<ArrowWriter<Vec<u8>>> {
+    let props = writer_properties(schema);
     Ok(ArrowWriter::try_new(
         Vec::new(),
         Arc::clone(schema),
@@ -439,6 +473,41 @@ mod tests {
         let mut expected = TableDigest::new(desc.vnode_count());
         expected.apply(&desc, &chunk("+ 1\n+ 3")).unwrap();
         assert_eq!(read_back, expected);
+    }
+
+    #[test]
+    fn only_string_columns_are_dictionary_encoded() {
+        let table = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8View, false),
+        ]));
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &table, None).unwrap();
+        let text: String = (0..100).map(|i| format!("+ {i} m{}\n", i % 3)).collect();
+        sink.push(2, StreamChunk::from_text(&table, &text).unwrap())
+            .unwrap();
+        let prepared = sink.prepare(2).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        let file = File::open(sink.dir().join(file_name(2))).unwrap();
+        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .metadata()
+            .clone();
+        let dictionary: Vec<(String, bool)> = meta
+            .row_group(0)
+            .columns()
+            .iter()
+            .map(|c| {
+                (
+                    c.column_path().string(),
+                    c.dictionary_page_offset().is_some(),
+                )
+            })
+            .collect();
+        let expected = [("_epoch", false), ("_op", false), ("k", false), ("s", true)];
+        let expected: Vec<(String, bool)> =
+            expected.iter().map(|(n, d)| (n.to_string(), *d)).collect();
+        assert_eq!(dictionary, expected);
     }
 
     #[test]
