@@ -4,8 +4,13 @@
 //! ```text
 //!   downstream: every committed output change ──┐  per vnode: rows (+1 insert, -1 delete) and
 //!                                               ├─ the wrapping sum of a 64-bit row hash
-//!   upstream: the table scanned at the epoch ───┘  (+ insert, - delete): order-independent
+//!   upstream: snapshot + every input change ────┘  (+ insert, - delete): order-independent
 //! ```
+//!
+//! The upstream side is the table the input ends with, digested from the input itself: by
+//! the dataset's validation pass during a replay (which reads every row anyway, on its own
+//! thread), by [`certify_output`] for `backfill verify`. It does not trust the state: a row
+//! the store lost, or one the backfill emitted twice, shows as a difference.
 //!
 //! A [`TableDigest`] keeps, per vnode, a row count and the wrapping sum of a 64-bit hash of
 //! each row's values. Both are order-independent and a delete subtracts what its insert added,
@@ -22,7 +27,6 @@
 use std::path::Path;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use rayon::prelude::*;
 
 use arrow_array::Array;
 use arrow_array::cast::AsArray;
@@ -30,8 +34,7 @@ use arrow_array::types::Int8Type;
 
 use crate::chunk::{OP_COLUMN, Op, StreamChunk};
 use crate::error::{Error, Result, internal};
-use crate::replay::Dataset;
-use crate::store::{SnapshotScan, StateTable};
+use crate::replay::{Dataset, Observed};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeCount, check_hashable, mix64_rows};
 
@@ -89,6 +92,15 @@ impl TableDigest {
         Ok(())
     }
 
+    /// Applies rows a dataset's validation read ([`Dataset::validate_observed`]): snapshot
+    /// rows are inserts.
+    pub(crate) fn observe(&mut self, desc: &TableDesc, rows: Observed<'_>) -> Result<()> {
+        match rows {
+            Observed::Snapshot(batch) => self.apply(desc, &StreamChunk::inserts(batch.clone())),
+            Observed::Changes(batch, ops) => self.apply_rows(desc, batch, ops),
+        }
+    }
+
     /// Applies a chunk of changes of the table `desc`: inserts add, deletes subtract.
     pub fn apply(&mut self, desc: &TableDesc, chunk: &StreamChunk) -> Result<()> {
         self.apply_rows(desc, chunk.batch(), chunk.ops())
@@ -122,34 +134,6 @@ impl TableDigest {
             }
         }
         Ok(())
-    }
-
-    /// The digest of `table`'s vnodes as of `epoch`, its vnodes scanned in parallel (rayon).
-    pub fn of_table(table: &impl StateTable, epoch: u64) -> Result<Self> {
-        let desc = table.desc();
-        let vnodes: Vec<VirtualNode> = table.vnodes().iter().collect();
-        // A few groups per thread, so that a thread done early takes another.
-        let groups = (rayon::current_num_threads() * 4).max(1);
-        let per_group = vnodes.len().div_ceil(groups).max(1);
-        vnodes
-            .par_chunks(per_group)
-            .map(|group| {
-                let mut digest = Self::new(desc.vnode_count());
-                for &vnode in group {
-                    let mut scan = table.scan(vnode, None, epoch, DIGEST_BATCH_ROWS)?;
-                    while let Some(batch) = scan.next_batch()? {
-                        digest.apply(desc, &StreamChunk::inserts(batch.batch))?;
-                    }
-                }
-                Ok(digest)
-            })
-            .try_reduce(
-                || Self::new(desc.vnode_count()),
-                |mut all, group| {
-                    all.add(&group)?;
-                    Ok(all)
-                },
-            )
     }
 
     /// The digest of the committed output of a replay in `out` (`changes/epoch-*.parquet`).

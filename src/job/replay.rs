@@ -314,9 +314,10 @@ pub async fn run_replay_until(
         StateChoice::Memory => NewDirs::of(&[&options.out]),
         StateChoice::Durable(dir) => NewDirs::of(&[&options.out, dir]),
     };
+    let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut validation = match new_dirs {
-        Some(_) => Validation::beside(dataset)?,
-        None => Validation::first(dataset)?,
+        Some(_) => Validation::beside(dataset, desc)?,
+        None => Validation::first(dataset, &desc)?,
     };
     let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;
     if result.is_err()
@@ -503,6 +504,9 @@ struct Job<'a, S: StateStore> {
     /// Snapshot rows in the dataset, known once its validation is done.
     snapshot_rows: u64,
     identity: JobIdentity,
+    /// The digest of the table the dataset ends with, from its validation: the completion
+    /// certificate's upstream side.
+    expected: Option<TableDigest>,
 }
 
 impl<'a, S: StateStore> Job<'a, S> {
@@ -520,6 +524,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             desc,
             snapshot_rows: 0,
             identity,
+            expected: None,
         })
     }
 
@@ -589,6 +594,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         if record.is_some() {
             // A job resumes only on a dataset validated first (the directories existed).
             self.snapshot_rows = validation.finish()?.snapshot_rows;
+            self.expected = validation.expected_digest().cloned();
         }
         let store = &self.store;
         let name = self.desc.name().to_string();
@@ -636,6 +642,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 // Nothing of a bad dataset is committed: the load's commit waits for the
                 // validation, whose error (naming file and row) wins over the load's.
                 let dataset = validation.finish()?;
+                self.expected = validation.expected_digest().cloned();
                 loaded?;
                 self.snapshot_rows = dataset.snapshot_rows;
                 summary.snapshot_rows = dataset.snapshot_rows;
@@ -736,15 +743,16 @@ impl<'a, S: StateStore> Job<'a, S> {
         Ok(summary)
     }
 
-    /// The completion certificate at the final checkpoint `epoch` (committed and published).
-    /// The output's digest comes from the sink when it digested the whole output (a new
-    /// job), and from reading the files back otherwise (a resumed one).
+    /// The completion certificate at the final checkpoint `epoch` (committed and published),
+    /// when the whole changelog is applied: the output's digest against that of the table
+    /// the dataset ends with (digested by its validation, see `validation.rs`). The output's
+    /// digest comes from the sink when it digested the whole output (a new job), and from
+    /// reading the files back otherwise (a resumed one).
     fn certify(&self, epoch: u64, sink: &ParquetSink) -> Result<Certificate> {
-        let all = VnodeBitmap::full(self.desc.vnode_count());
-        let upstream = {
-            let table = self.store.table(self.desc.name(), all)?;
-            TableDigest::of_table(&table, epoch)?
-        };
+        let upstream = self
+            .expected
+            .as_ref()
+            .ok_or_else(|| internal!("a certificate before the dataset's validation finished"))?;
         let downstream = match sink.published_digest() {
             Some(digest) => digest.clone(),
             None => TableDigest::of_output(&self.options.out, &self.desc)?,
@@ -753,7 +761,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             &self.desc,
             epoch,
             &downstream,
-            &upstream,
+            upstream,
         ))
     }
 

@@ -26,8 +26,10 @@ use super::by_key::{KeyedChanges, Payload};
 use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use super::prefetch::Prefetch;
+use crate::chunk::Op;
 use crate::error::{Error, Result};
 use crate::vnode::VnodeCount;
+use arrow_array::RecordBatch;
 
 /// Rows per batch read during validation.
 const BATCH_SIZE: usize = 8192;
@@ -46,12 +48,41 @@ impl Dataset {
 
     /// [`Dataset::validate`] with explicit scratch space and memory budget.
     pub fn validate_with(&self, options: &ExternalSortOptions) -> Result<DatasetSummary> {
-        validate_with(self, options)
+        validate_with(self, options, &mut |_| Ok(()))
+    }
+
+    /// [`Dataset::validate`], showing `observe` every row the pass reads, in stream order:
+    /// the snapshot's, then the changelog's. A pass that reads the input anyway computes
+    /// what else needs all of it (the completion certificate's expected digest) at no
+    /// second read. What `observe` saw is meaningful only if the validation succeeds; its
+    /// error ends the pass.
+    pub(crate) fn validate_observed(
+        &self,
+        observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+    ) -> Result<DatasetSummary> {
+        validate_with(
+            self,
+            &ExternalSortOptions::new(std::env::temp_dir()),
+            observe,
+        )
     }
 }
 
+/// Rows the validation read (see [`Dataset::validate_observed`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Observed<'a> {
+    /// Snapshot rows.
+    Snapshot(&'a RecordBatch),
+    /// Changelog rows, with their ops.
+    Changes(&'a RecordBatch, &'a [Op]),
+}
+
 /// See [`Dataset::validate_with`].
-fn validate_with(dataset: &Dataset, options: &ExternalSortOptions) -> Result<DatasetSummary> {
+fn validate_with(
+    dataset: &Dataset,
+    options: &ExternalSortOptions,
+    observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+) -> Result<DatasetSummary> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let scratch = options.scratch()?;
     let mut rows = KeyedChanges::new(
@@ -63,7 +94,7 @@ fn validate_with(dataset: &Dataset, options: &ExternalSortOptions) -> Result<Dat
         SortConfig::for_budget(options.memory_budget),
     )?;
     let mut summary = DatasetSummary::default();
-    let stream_error = read(dataset, &mut rows, &mut summary)?;
+    let stream_error = read(dataset, &mut rows, &mut summary, observe)?;
     let mut fold = rows.finish()?;
     while fold.next_key()? {}
     if let Some(violation) = fold.first_violation() {
@@ -81,6 +112,7 @@ fn read(
     dataset: &Dataset,
     rows: &mut KeyedChanges,
     summary: &mut DatasetSummary,
+    observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
 ) -> Result<Option<Error>> {
     macro_rules! input {
         ($e:expr) => {
@@ -96,6 +128,7 @@ fn read(
         for batch in Prefetch::new("backfill-validate", READ_AHEAD, batches)? {
             let batch = input!(batch);
             input!(rows.push_snapshot(path, first_row, &batch)?);
+            observe(Observed::Snapshot(&batch))?;
             first_row += batch.num_rows() as u64;
         }
         summary.snapshot_rows += first_row;
@@ -107,6 +140,7 @@ fn read(
     )? {
         let changes = input!(changes);
         input!(rows.push_changes(&changes)?);
+        observe(Observed::Changes(&changes.data, &changes.ops))?;
         for &epoch in &changes.epochs {
             if summary.last_epoch != Some(epoch) {
                 summary.epochs += 1;
@@ -411,7 +445,7 @@ mod tests {
             let expected = format!("{:?}", validate_in_memory(&ds));
             for budget in [1, 4 << 10, 1 << 20] {
                 let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
-                let found = format!("{:?}", validate_with(&ds, &options));
+                let found = format!("{:?}", validate_with(&ds, &options, &mut |_| Ok(())));
                 assert_eq!(found, expected, "case {case}, budget {budget}");
             }
             if expected.starts_with("Ok") {
