@@ -56,6 +56,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
 use hashbrown::HashMap;
@@ -744,6 +745,7 @@ impl DurableStore {
             pending: Vec::new(),
             pending_bytes: 0,
             spilled: Vec::new(),
+            spilling: None,
             order: HashMap::new(),
             last_sealed: None,
             local: BTreeMap::new(),
@@ -1141,6 +1143,9 @@ impl StateStore for DurableStore {
     }
 }
 
+/// A spilled run file and its runs.
+type Spilled = (Arc<RunFile>, Vec<RunSpan>);
+
 /// A handle on some vnodes of a table in a [`DurableStore`].
 #[derive(Debug)]
 pub struct DurableTable {
@@ -1153,12 +1158,23 @@ pub struct DurableTable {
     pending_bytes: usize,
     /// Runs of this epoch already spilled to disk, oldest first.
     spilled: Vec<(VirtualNode, DiskRun)>,
+    /// The spill being written on its own thread, at most one: its runs follow `spilled`.
+    spilling: Option<JoinHandle<Result<Spilled>>>,
     /// Per vnode given runs this epoch: its runs while they are ordered, `None` once they
     /// are not.
     order: HashMap<VirtualNode, Option<Ordered>>,
     last_sealed: Option<u64>,
     /// A replicated handle's own layers (never persisted).
     local: BTreeMap<u64, Layer>,
+}
+
+impl Drop for DurableTable {
+    fn drop(&mut self) {
+        // The spill's file was never committed: once written, it is dropped (and removed).
+        if let Some(thread) = self.spilling.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl DurableTable {
@@ -1210,16 +1226,34 @@ impl DurableTable {
         self.order.insert(vnode, state);
     }
 
-    /// Sorts the pending chunks and writes them to an (uncommitted) run file.
+    /// Sorts the pending chunks and writes them to an (uncommitted) run file, on a thread of
+    /// its own: a bulk load sorts (and reads) its next piece while the last one is written.
+    /// One spill at a time, so the runs in flight are at most one piece (a quarter of the
+    /// memory budget); a write error surfaces at the next spill or at the seal.
     fn spill_pending(&mut self) -> Result<()> {
         let (runs, _) = self.build_pending()?;
         if runs.is_empty() {
             return Ok(());
         }
-        let (file, spans) = self
-            .store
-            .shared
-            .write_runs(&self.desc, runs.iter().map(|(v, r)| (*v, r)))?;
+        self.finish_spill()?;
+        let shared = Arc::clone(&self.store.shared);
+        let desc = Arc::clone(&self.desc);
+        let thread = std::thread::Builder::new()
+            .name("backfill-spill".into())
+            .spawn(move || shared.write_runs(&desc, runs.iter().map(|(v, r)| (*v, r))))
+            .map_err(Error::Io)?;
+        self.spilling = Some(thread);
+        Ok(())
+    }
+
+    /// Waits for the spill in flight, if any, and adds its runs to `spilled`.
+    fn finish_spill(&mut self) -> Result<()> {
+        let Some(thread) = self.spilling.take() else {
+            return Ok(());
+        };
+        let (file, spans) = thread
+            .join()
+            .map_err(|_| Error::Internal("the spill thread panicked".into()))??;
         for span in spans {
             self.spilled.push((
                 span.vnode,
@@ -1336,6 +1370,7 @@ impl StateTable for DurableTable {
             committed,
             self.replicated,
         )?;
+        self.finish_spill()?;
         let (memory_runs, row_bytes) = self.build_pending()?;
         let memory_bytes: usize = memory_runs.iter().map(|(_, r)| r.len() * row_bytes).sum();
         let over_budget = !self.replicated && {
