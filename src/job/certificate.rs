@@ -94,11 +94,30 @@ impl TableDigest {
 
     /// Applies rows a dataset's validation read ([`Dataset::validate_observed`]): snapshot
     /// rows are inserts.
+    /// The pass's row hashes, when it computed them, are this digest's (the same function
+    /// over every column).
     pub(crate) fn observe(&mut self, desc: &TableDesc, rows: Observed<'_>) -> Result<()> {
-        match rows {
-            Observed::Snapshot(batch) => self.apply(desc, &StreamChunk::inserts(batch.clone())),
-            Observed::Changes(batch, ops) => self.apply_rows(desc, batch, ops),
-        }
+        let (batch, hashes, ops) = match rows {
+            Observed::Snapshot(batch, hashes) => (batch, hashes, None),
+            Observed::Changes(batch, ops, hashes) => (batch, hashes, Some(ops)),
+        };
+        let computed;
+        let hashes = match hashes {
+            Some(hashes) => hashes,
+            None => {
+                computed = Self::row_hashes(batch)?;
+                &computed
+            }
+        };
+        let inserts;
+        let ops = match ops {
+            Some(ops) => ops,
+            None => {
+                inserts = vec![Op::Insert; batch.num_rows()];
+                &inserts
+            }
+        };
+        self.apply_hashed(desc, batch, hashes, ops)
     }
 
     /// Applies a chunk of changes of the table `desc`: inserts add, deletes subtract.
@@ -117,9 +136,26 @@ impl TableDigest {
                 batch.num_rows()
             ));
         }
+        self.apply_hashed(desc, batch, &Self::row_hashes(batch)?, ops)
+    }
+
+    /// [`Self::apply_rows`] with the rows' hashes given.
+    fn apply_hashed(
+        &mut self,
+        desc: &TableDesc,
+        batch: &RecordBatch,
+        hashes: &[u64],
+        ops: &[Op],
+    ) -> Result<()> {
+        if hashes.len() != batch.num_rows() {
+            return Err(internal!(
+                "{} hashes for {} rows in a digest",
+                hashes.len(),
+                batch.num_rows()
+            ));
+        }
         let vnodes = desc.vnodes_of(batch)?;
-        let hashes = Self::row_hashes(batch)?;
-        for ((vnode, hash), op) in vnodes.iter().zip(&hashes).zip(ops) {
+        for ((vnode, hash), op) in vnodes.iter().zip(hashes).zip(ops) {
             let i = vnode.index();
             let (rows, sum) = match (self.rows.get_mut(i), self.sums.get_mut(i)) {
                 (Some(r), Some(s)) => (r, s),

@@ -24,8 +24,12 @@
 //! applied them one by one would have.
 //!
 //! What is kept per row besides the key, the sequence, the op and the epoch ([`Payload`]):
-//! - [`Payload::Hash`] (validation): a 64-bit hash of the row's all-column encoding, as the
-//!   in-memory model kept; a violation's row values are read back from its file;
+//! - [`Payload::Hash`] (validation): a 64-bit hash of the row's values; a violation's row
+//!   values are read back from its file. The hash is the completion certificate's row hash
+//!   (a multiply-fold of the values, [`mix64_rows`]) when it covers every column exactly,
+//!   so the validation's digest of the input reuses it ([`KeyedChanges::certificate_hashes`]);
+//!   otherwise (a nested or floating-point column, which that hash leaves out or
+//!   canonicalizes) the hash of the row's all-column encoding;
 //! - [`Payload::Row`] (verification): the whole row, compared exactly.
 
 use std::path::{Path, PathBuf};
@@ -45,6 +49,7 @@ use super::files;
 use crate::chunk::Op;
 use crate::error::{Error, Result, internal};
 use crate::key::PrimaryKey;
+use crate::vnode::{check_hashable, mix64_rows};
 
 /// The `_op` code of a snapshot row in the sorted rows (the changelog's codes are 1..=4).
 const SNAPSHOT_CODE: i8 = 0;
@@ -154,9 +159,22 @@ pub(crate) struct KeyedChanges {
     names: Vec<String>,
     all_columns: RowConverter,
     hasher: hashbrown::DefaultHashBuilder,
+    /// Every column's values are hashed exactly by [`mix64_rows`] (see the module docs).
+    mix64: bool,
+    /// The [`mix64_rows`] hashes of the rows pushed last, when `mix64`.
+    last_hashes: Option<ScalarBuffer<u64>>,
     sorter: ExternalSorter,
     files: FileIndex,
     next_seq: u64,
+}
+
+/// Whether [`mix64_rows`] hashes every column of `schema` by its exact values: every type
+/// covered, and no floating point (which it canonicalizes: -0.0 as 0.0, every NaN alike).
+fn mix64_exact(schema: &Schema) -> bool {
+    schema
+        .fields()
+        .iter()
+        .all(|f| !f.data_type().is_floating() && check_hashable(f.name(), f.data_type()).is_ok())
 }
 
 impl KeyedChanges {
@@ -178,6 +196,8 @@ impl KeyedChanges {
             names: table.fields().iter().map(|f| f.name().clone()).collect(),
             all_columns: all_columns(table)?,
             hasher: Default::default(),
+            mix64: payload == Payload::Hash && mix64_exact(table),
+            last_hashes: None,
             sorter: ExternalSorter::new(schema, sort_key, dir, name, config),
             files: FileIndex::default(),
             layout,
@@ -249,7 +269,11 @@ impl KeyedChanges {
         columns.push(Arc::new(seqs));
         columns.push(Arc::new(ops));
         columns.push(Arc::new(epochs));
-        if self.layout.payload == Payload::Hash {
+        if self.mix64 {
+            let hashes = UInt64Array::from(mix64_rows(batch.columns(), batch.num_rows())?);
+            self.last_hashes = Some(hashes.values().clone());
+            columns.push(Arc::new(hashes));
+        } else if self.layout.payload == Payload::Hash {
             let rows = self.all_columns.convert_columns(batch.columns())?;
             let hashes: UInt64Array = rows
                 .iter()
@@ -259,6 +283,12 @@ impl KeyedChanges {
         }
         let sorted = RecordBatch::try_new(self.sorter.schema().clone(), columns)?;
         self.sorter.push(sorted)
+    }
+
+    /// The completion certificate's row hashes ([`mix64_rows`] of every column) of the rows
+    /// pushed last, if the validation's own hash is that one (see the module docs).
+    pub fn certificate_hashes(&self) -> Option<&[u64]> {
+        self.last_hashes.as_deref()
     }
 
     /// All rows pushed, sorted by key, ready to be folded.
@@ -564,5 +594,55 @@ impl KeyFold {
             epoch,
         }
         .error(message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_certificate_hash_serves_only_when_it_is_exact() {
+        let schema = |types: &[DataType]| {
+            Schema::new(
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| Field::new(format!("c{i}"), t.clone(), true))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert!(mix64_exact(&schema(&[
+            DataType::Int64,
+            DataType::Utf8View,
+            DataType::Decimal128(15, 2),
+            DataType::Date32,
+        ])));
+        assert!(!mix64_exact(&schema(&[DataType::Int64, DataType::Float64])));
+        let list = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+        assert!(!mix64_exact(&schema(&[DataType::Int64, list])));
+    }
+
+    #[test]
+    fn pushed_rows_carry_their_certificate_hashes() {
+        let table = crate::replay::testing::schema();
+        let pk = PrimaryKey::new(&table, vec![crate::key::KeyColumn::asc("k")]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = KeyedChanges::new(
+            &table,
+            &pk,
+            Payload::Hash,
+            dir.path(),
+            "t",
+            SortConfig::for_budget(1 << 20),
+        )
+        .unwrap();
+        assert_eq!(rows.certificate_hashes(), None, "nothing pushed yet");
+        let batch = crate::replay::testing::rows("1 a\n2 b\n3 NULL");
+        rows.push_snapshot(Path::new("s"), 0, &batch)
+            .unwrap()
+            .unwrap();
+        let expected = mix64_rows(batch.columns(), batch.num_rows()).unwrap();
+        assert_eq!(rows.certificate_hashes(), Some(expected.as_slice()));
     }
 }

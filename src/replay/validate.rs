@@ -71,10 +71,10 @@ impl Dataset {
 /// Rows the validation read (see [`Dataset::validate_observed`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Observed<'a> {
-    /// Snapshot rows.
-    Snapshot(&'a RecordBatch),
-    /// Changelog rows, with their ops.
-    Changes(&'a RecordBatch, &'a [Op]),
+    /// Snapshot rows, with their certificate row hashes if the pass computed them.
+    Snapshot(&'a RecordBatch, Option<&'a [u64]>),
+    /// Changelog rows, with their ops and their certificate row hashes if computed.
+    Changes(&'a RecordBatch, &'a [Op], Option<&'a [u64]>),
 }
 
 /// See [`Dataset::validate_with`].
@@ -128,7 +128,7 @@ fn read(
         for batch in Prefetch::new("backfill-validate", READ_AHEAD, batches)? {
             let batch = input!(batch);
             input!(rows.push_snapshot(path, first_row, &batch)?);
-            observe(Observed::Snapshot(&batch))?;
+            observe(Observed::Snapshot(&batch, rows.certificate_hashes()))?;
             first_row += batch.num_rows() as u64;
         }
         summary.snapshot_rows += first_row;
@@ -140,7 +140,11 @@ fn read(
     )? {
         let changes = input!(changes);
         input!(rows.push_changes(&changes)?);
-        observe(Observed::Changes(&changes.data, &changes.ops))?;
+        observe(Observed::Changes(
+            &changes.data,
+            &changes.ops,
+            rows.certificate_hashes(),
+        ))?;
         for &epoch in &changes.epochs {
             if summary.last_epoch != Some(epoch) {
                 summary.epochs += 1;
