@@ -24,6 +24,7 @@
 //! vnode hash does not cover (nested types) are left out of the hash (the count still covers
 //! their rows); [`Certificate::hashed_columns`] says how many counted.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use arrow_array::{ArrayRef, RecordBatch};
@@ -94,6 +95,7 @@ impl TableDigest {
 
     /// Applies rows a dataset's validation read ([`Dataset::validate_observed`]): snapshot
     /// rows are inserts.
+    ///
     /// The pass's row hashes, when it computed them, are this digest's (the same function
     /// over every column).
     pub(crate) fn observe(&mut self, desc: &TableDesc, rows: Observed<'_>) -> Result<()> {
@@ -101,23 +103,15 @@ impl TableDigest {
             Observed::Snapshot(batch, hashes) => (batch, hashes, None),
             Observed::Changes(batch, ops, hashes) => (batch, hashes, Some(ops)),
         };
-        let computed;
         let hashes = match hashes {
-            Some(hashes) => hashes,
-            None => {
-                computed = Self::row_hashes(batch)?;
-                &computed
-            }
+            Some(hashes) => Cow::Borrowed(hashes),
+            None => Cow::Owned(Self::row_hashes(batch)?),
         };
-        let inserts;
         let ops = match ops {
-            Some(ops) => ops,
-            None => {
-                inserts = vec![Op::Insert; batch.num_rows()];
-                &inserts
-            }
+            Some(ops) => Cow::Borrowed(ops),
+            None => Cow::Owned(vec![Op::Insert; batch.num_rows()]),
         };
-        self.apply_hashed(desc, batch, hashes, ops)
+        self.apply_hashed(desc, batch, &hashes, &ops)
     }
 
     /// Applies a chunk of changes of the table `desc`: inserts add, deletes subtract.
