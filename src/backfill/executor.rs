@@ -40,7 +40,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use hashbrown::HashMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -48,10 +47,10 @@ use crate::backfill::core::{Action, BackfillCore, BackfillStats};
 use crate::backfill::progress::ProgressCodec;
 use crate::backfill::stream::BackfillStream;
 use crate::backfill::tracker::{ArrangementTracker, Tracker};
-use crate::chunk::{Message, StreamChunk};
+use crate::chunk::Message;
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
-use crate::merge::{KWayMerge, RestartInputs, RoundRobin, changes_by_vnode};
+use crate::merge::{KWayMerge, RestartInputs, RoundRobin};
 use crate::store::{StateStore, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -191,7 +190,6 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             core: None,
             merger: None,
             read_size: 0,
-            epoch_changes: None,
             limiter: RateLimiter::new(None),
             out: VecDeque::new(),
             prefer_snapshot: false,
@@ -216,10 +214,6 @@ struct Driver<S: StateStore, T: Tracker, U> {
     merger: Option<Box<dyn RestartInputs<<S::Table as StateTable>::Scan>>>,
     /// Rows per scan read of the open merger.
     read_size: usize,
-    /// The chunks replicated at the barrier being handled, kept for the merger's catch-up
-    /// ([`RestartInputs::catch_up`]) when it is the ordered merge (`None` otherwise: a
-    /// round robin holds rows of at most a few vnodes, and restarts them).
-    epoch_changes: Option<Vec<StreamChunk>>,
     limiter: RateLimiter,
     out: VecDeque<Message>,
     prefer_snapshot: bool,
@@ -365,12 +359,7 @@ where
                 Action::Emit(chunk) => self.out.push_back(Message::Chunk(chunk)),
                 Action::EmitWatermark(w) => self.out.push_back(Message::Watermark(w)),
                 Action::Forward(barrier) => self.out.push_back(Message::Barrier(barrier)),
-                Action::Replicate(chunk) => {
-                    self.exec.replicated.write(&chunk)?;
-                    if let Some(changes) = self.epoch_changes.as_mut() {
-                        changes.push(chunk);
-                    }
-                }
+                Action::Replicate(chunk) => self.exec.replicated.write(&chunk)?,
                 Action::Persist(chunk) => self.exec.progress_table.write(&chunk)?,
                 Action::Seal(epoch) => {
                     self.exec.replicated.seal(epoch)?;
@@ -386,9 +375,6 @@ where
                     }
                 }
             }
-        }
-        if let Some(changes) = self.epoch_changes.as_mut() {
-            changes.clear();
         }
         if let Some(core) = &self.core {
             self.exec.stats_tx.send_replace(core.stats());
@@ -436,7 +422,6 @@ where
         let pk = self.exec.desc.pk();
         let name = self.exec.desc.name();
         self.read_size = read_size;
-        self.epoch_changes = merged.then(Vec::new);
         self.merger = Some(if merged {
             Box::new(KWayMerge::new(pk, inputs, batch_size)?.with_table_name(name))
         } else {
@@ -460,15 +445,12 @@ where
             .merger
             .as_mut()
             .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
-        let changes = match &self.epoch_changes {
-            Some(chunks) => changes_by_vnode(&self.exec.desc, chunks)?,
-            None => HashMap::new(),
-        };
-        let (replicated, read_size) = (&self.exec.replicated, self.read_size);
         for (vnode, pos) in plan {
-            merger.catch_up(vnode, pos.as_ref(), changes.get(&vnode), &mut |from| {
-                replicated.scan(vnode, from, epoch, read_size)
-            })?;
+            let scan = self
+                .exec
+                .replicated
+                .scan(vnode, pos.as_ref(), epoch, self.read_size)?;
+            merger.restart(vnode, scan, pos.as_ref())?;
         }
         Ok(())
     }

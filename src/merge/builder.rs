@@ -119,12 +119,6 @@ impl OutputBuilder {
         }
     }
 
-    /// The current batch of `input`, if it has one.
-    pub fn current_batch(&self, input: usize) -> Option<&KeyedBatch> {
-        let slot = self.current[input]?;
-        self.slots[slot].as_ref().map(|slot| &slot.batch)
-    }
-
     /// Makes `batch` the current batch of `input`.
     pub fn push_batch(&mut self, input: usize, batch: KeyedBatch) {
         let slot = Slot { batch };

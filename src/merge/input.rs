@@ -11,8 +11,6 @@
 //! it. It costs one `memcmp` per row, done once when the batch arrives. A disagreement
 //! between storage order and comparator order would otherwise silently corrupt positions.
 
-use std::collections::VecDeque;
-
 use arrow_array::Array;
 use arrow_schema::SchemaRef;
 
@@ -30,8 +28,6 @@ pub(crate) struct MergeInput<S> {
     /// The scan a restart replaced, kept until the new one has read: what it holds loaded
     /// (a block the new scan starts in, say) stays where a store's cache can find it.
     retired: Option<S>,
-    /// Batches handed out before the scan's: the read-ahead rows a catch-up patched.
-    front: VecDeque<KeyedBatch>,
     /// The last key handed out (reused buffer); meaningful when `seen_rows`.
     last_key: Vec<u8>,
     seen_rows: bool,
@@ -43,7 +39,6 @@ impl<S: SnapshotScan> MergeInput<S> {
             vnode,
             scan: Some(scan),
             retired: None,
-            front: VecDeque::new(),
             last_key: Vec::new(),
             seen_rows: false,
         }
@@ -57,18 +52,6 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// (the key of its last row handed out and emitted; `None` when none was). The order
     /// check continues from `after`: rows read ahead of it and not emitted may come again.
     pub fn restart(&mut self, scan: S, after: Option<&Position>) {
-        self.restart_with_front(Vec::new(), scan, after);
-    }
-
-    /// [`MergeInput::restart`], handing out the batches of `front` (rows after `after`,
-    /// before the first row of `scan`) before the scan's rows.
-    pub fn restart_with_front(
-        &mut self,
-        front: Vec<KeyedBatch>,
-        scan: S,
-        after: Option<&Position>,
-    ) {
-        self.front = front.into();
         self.retired = self.scan.replace(scan);
         self.last_key.clear();
         if let Some(after) = after {
@@ -105,17 +88,11 @@ impl<S: SnapshotScan> MergeInput<S> {
         unordered: impl Fn(&KeyedBatch) -> Option<usize>,
     ) -> Result<Option<KeyedBatch>> {
         loop {
-            let next = match self.front.pop_front() {
-                Some(front) => Some(front),
-                None => {
-                    let Some(scan) = self.scan.as_mut() else {
-                        return Ok(None);
-                    };
-                    let next = scan.next_batch()?;
-                    self.retired = None;
-                    next
-                }
+            let Some(scan) = self.scan.as_mut() else {
+                return Ok(None);
             };
+            let next = scan.next_batch()?;
+            self.retired = None;
             let Some(batch) = next else {
                 self.scan = None;
                 return Ok(None);

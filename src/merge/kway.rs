@@ -41,8 +41,8 @@ use crate::merge::cursor::{
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
-use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeChanges};
-use crate::store::{KeyedBatch, SnapshotScan, patch_rows};
+use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger};
+use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
 /// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.
@@ -173,16 +173,6 @@ impl<S: SnapshotScan> RestartInputs<S> for KWayMerge<S> {
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
         with_merge!(&mut self.engine, m => m.restart(vnode, scan, after))
     }
-
-    fn catch_up(
-        &mut self,
-        vnode: VirtualNode,
-        after: Option<&Position>,
-        changes: Option<&VnodeChanges>,
-        rescan: &mut dyn FnMut(Option<&Position>) -> Result<S>,
-    ) -> Result<()> {
-        with_merge!(&mut self.engine, m => m.catch_up(vnode, after, changes, rescan))
-    }
 }
 
 /// Where a merge is in its life.
@@ -273,25 +263,16 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     /// its loaded rows are dropped, its first batch is fetched now (or its exhaustion noted
     /// for the next output), and the tree is rebuilt before the next output.
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
-        let input = self.input_of(vnode)?;
-        self.restart_input(input, Vec::new(), scan, after)
-    }
-
-    /// Restarts `input` on `front`, then `scan`.
-    fn restart_input(
-        &mut self,
-        input: usize,
-        front: Vec<KeyedBatch>,
-        scan: S,
-        after: Option<&Position>,
-    ) -> Result<()> {
+        let input = *self
+            .index
+            .get(&vnode)
+            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))?;
         if self.builder.len() != 0 {
-            let vnode = self.inputs[input].vnode();
             return Err(internal!(
                 "restart of vnode {vnode} while an output is being built"
             ));
         }
-        self.inputs[input].restart_with_front(front, scan, after);
+        self.inputs[input].restart(scan, after);
         if let Phase::Unstarted = self.phase {
             return Ok(());
         }
@@ -300,53 +281,6 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         self.fetch(input)?;
         self.stale = true;
         Ok(())
-    }
-
-    /// [`RestartInputs::catch_up`]: the rows `vnode`'s cursor has left, patched with
-    /// `changes`, come first; the rescan starts after the last of them. An input with no
-    /// rows in hand (not started, or exhausted) restarts after `after`.
-    fn catch_up(
-        &mut self,
-        vnode: VirtualNode,
-        after: Option<&Position>,
-        changes: Option<&VnodeChanges>,
-        rescan: &mut dyn FnMut(Option<&Position>) -> Result<S>,
-    ) -> Result<()> {
-        let input = self.input_of(vnode)?;
-        let held = match (&self.phase, &self.cursors[input]) {
-            (Phase::Merging, Some(cursor)) => {
-                let batch = self.builder.current_batch(input).ok_or_else(|| {
-                    internal!("merge input of vnode {vnode} has a cursor but no batch")
-                })?;
-                let row = cursor.row();
-                Some(batch.slice(row, batch.num_rows() - row))
-            }
-            _ => None,
-        };
-        let Some(held) = held.filter(|held| !held.is_empty()) else {
-            let scan = rescan(after)?;
-            return self.restart(vnode, scan, after);
-        };
-        let last = Position::from_keys(&held.keys, held.num_rows() - 1);
-        let front = match changes {
-            Some(VnodeChanges(changes)) => patch_rows(
-                held,
-                changes,
-                after.map(Position::as_bytes),
-                last.as_bytes(),
-            )?,
-            None => vec![held],
-        };
-        let scan = rescan(Some(&last))?;
-        self.restart_input(input, front, scan, after)
-    }
-
-    /// The input of `vnode`.
-    fn input_of(&self, vnode: VirtualNode) -> Result<usize> {
-        self.index
-            .get(&vnode)
-            .copied()
-            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))
     }
 
     /// Fetches every input's first batch and plays the tree.
@@ -457,7 +391,7 @@ mod tests {
     use super::*;
     use crate::merge::RestartInputs;
     use crate::merge::testing::{
-        Case, KeyShape, Renew, VecScan, check_outputs, check_restarts, clustered_case, drain, ids,
+        Case, KeyShape, VecScan, check_outputs, check_restarts, clustered_case, drain, ids,
         int_key, int_rows, int_rows_with_ids, random_case,
     };
 
@@ -568,28 +502,8 @@ mod tests {
     #[test]
     fn restarted_inputs_merge_like_a_fresh_merge() {
         for seed in 0..60 {
-            check_restarts(seed, true, Renew::Restart, |inputs, batch_size| {
+            check_restarts(seed, true, |inputs, batch_size| {
                 KWayMerge::new(&int_key(false), inputs, batch_size).unwrap()
-            });
-        }
-    }
-
-    /// The read-ahead rows patched with the changes, then a scan after the last of them:
-    /// the same output as a restart, with the newest version of every row.
-    #[test]
-    fn caught_up_inputs_merge_like_a_fresh_merge() {
-        for seed in 0..120 {
-            check_restarts(seed, true, Renew::CatchUp, |inputs, batch_size| {
-                KWayMerge::new(&int_key(false), inputs, batch_size).unwrap()
-            });
-        }
-    }
-
-    #[test]
-    fn caught_up_inputs_merge_like_a_fresh_merge_comparing_encoded_keys() {
-        for seed in 500..560 {
-            check_restarts(seed, true, Renew::CatchUp, |inputs, batch_size| {
-                KWayMerge::with_row_cursor(inputs, batch_size).unwrap()
             });
         }
     }

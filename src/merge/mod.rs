@@ -95,13 +95,9 @@ pub use kway::KWayMerge;
 pub(crate) use loser_tree::{Entry, LoserTree};
 pub use round_robin::RoundRobin;
 
-use hashbrown::HashMap;
-
-use crate::chunk::StreamChunk;
 use crate::error::Result;
 use crate::key::Position;
-use crate::store::{KeyedBatch, Run};
-use crate::table::TableDesc;
+use crate::store::KeyedBatch;
 use crate::vnode::VirtualNode;
 
 use crate::store::SnapshotScan;
@@ -150,41 +146,4 @@ pub trait RestartInputs<S: SnapshotScan>: SnapshotMerger {
     /// emitted row (`None` when none was). Rows read ahead and not emitted are dropped.
     /// Only between outputs.
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()>;
-
-    /// Brings the input of `vnode` to a new epoch without reading again what it read ahead:
-    /// `changes` are the epoch's changes of the vnode (any keys: those at or before `after`,
-    /// the vnode's position, are ignored), and `rescan(from)` opens a scan at the new epoch
-    /// of the vnode's rows strictly after `from`. The output is the one
-    /// [`RestartInputs::restart`] with `rescan(after)` gives.
-    ///
-    /// By default it is that restart. The ordered merge holds read-ahead rows of every
-    /// vnode: it patches them with the changes and rescans only after the last of them,
-    /// which for a vnode whose rows it holds to the end reads nothing at all.
-    fn catch_up(
-        &mut self,
-        vnode: VirtualNode,
-        after: Option<&Position>,
-        changes: Option<&VnodeChanges>,
-        rescan: &mut dyn FnMut(Option<&Position>) -> Result<S>,
-    ) -> Result<()> {
-        let _ = changes;
-        let scan = rescan(after)?;
-        self.restart(vnode, scan, after)
-    }
-}
-
-/// One vnode's changes of an epoch for [`RestartInputs::catch_up`]: the newest change of
-/// each key, in key order, deletes as tombstones.
-#[derive(Debug)]
-pub struct VnodeChanges(pub(crate) Run);
-
-/// The epoch's changes (`chunks` of the table `desc`, in arrival order) per vnode.
-pub fn changes_by_vnode(
-    desc: &TableDesc,
-    chunks: &[StreamChunk],
-) -> Result<HashMap<VirtualNode, VnodeChanges>> {
-    Ok(crate::store::changes_by_vnode(desc, chunks)?
-        .into_iter()
-        .map(|(vnode, run)| (vnode, VnodeChanges(run)))
-        .collect())
 }

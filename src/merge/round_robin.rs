@@ -198,19 +198,14 @@ mod tests {
 
     use super::*;
     use crate::merge::testing::{
-        KeyShape, Renew, VecScan, check_outputs, check_restarts, drain, ids, int_key, int_rows,
+        KeyShape, VecScan, check_outputs, check_restarts, drain, ids, int_key, int_rows,
         int_rows_with_ids, random_case,
     };
 
     #[test]
     fn restarted_inputs_continue_after_their_positions() {
         for seed in 100..160 {
-            check_restarts(seed, false, Renew::Restart, |inputs, _| {
-                RoundRobin::new(inputs)
-            });
-            check_restarts(seed, false, Renew::CatchUp, |inputs, _| {
-                RoundRobin::new(inputs)
-            });
+            check_restarts(seed, false, |inputs, _| RoundRobin::new(inputs));
         }
     }
 
@@ -237,7 +232,7 @@ mod tests {
     #[test]
     fn restarted_inputs_continue_after_their_positions_when_gathering() {
         for seed in 200..260 {
-            check_restarts(seed, false, Renew::Restart, |inputs, batch_size| {
+            check_restarts(seed, false, |inputs, batch_size| {
                 RoundRobin::new(inputs).with_output_rows(batch_size)
             });
         }

@@ -398,11 +398,10 @@ pub(crate) fn check_outputs(case: &Case, outputs: &[MergeOutput]) {
     assert_eq!(total, case.owner.len());
 }
 
-/// Rows of [`int_key`]'s table: `(key, id)` pairs.
-fn rows_with_ids(pk: &PrimaryKey, rows: &[(i64, u64)]) -> KeyedBatch {
-    let keys: Vec<i64> = rows.iter().map(|(k, _)| *k).collect();
-    let batch = int_rows(pk, &keys).batch;
-    let ids: Vec<u64> = rows.iter().map(|(_, id)| *id).collect();
+/// Rows of [`int_key`]'s table with these keys, each row's `id` its key (keys must be >= 0).
+fn rows_named_by_key(pk: &PrimaryKey, keys: &[i64]) -> KeyedBatch {
+    let batch = int_rows(pk, keys).batch;
+    let ids: Vec<u64> = keys.iter().map(|&k| k as u64).collect();
     let batch = RecordBatch::try_new(
         batch.schema(),
         vec![batch.column(0).clone(), Arc::new(UInt64Array::from(ids))],
@@ -411,45 +410,29 @@ fn rows_with_ids(pk: &PrimaryKey, rows: &[(i64, u64)]) -> KeyedBatch {
     keyed(pk, batch)
 }
 
-/// A scan of `rows` (sorted by key) cut into batches of random sizes.
-fn random_scan(rng: &mut StdRng, pk: &PrimaryKey, rows: &[(i64, u64)]) -> VecScan {
+/// A scan of `keys` (sorted) cut into batches of random sizes.
+fn random_scan(rng: &mut StdRng, pk: &PrimaryKey, keys: &[i64]) -> VecScan {
     let mut batches = Vec::new();
-    let mut rest = rows;
+    let mut rest = keys;
     while !rest.is_empty() {
         let most = *[1, 2, 7, 50].choose(rng).unwrap();
         let n = rng.random_range(1..=rest.len().min(most));
-        batches.push(rows_with_ids(pk, &rest[..n]));
+        batches.push(rows_named_by_key(pk, &rest[..n]));
         rest = &rest[n..];
     }
     VecScan::new(batches)
 }
 
-/// The ids of a row version: versions of one key differ in `id`, and `id % VERSION` is the
-/// key.
-const VERSION: u64 = 1_000_000;
-
-/// How [`check_restarts`] brings a vnode to a new epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renew {
-    /// [`RestartInputs::restart`] with a scan of the new rows.
-    Restart,
-    /// [`RestartInputs::catch_up`] with the changes from the old rows to the new ones (and
-    /// changes at or before the position, which it must ignore).
-    CatchUp,
-}
-
 /// A differential test of [`RestartInputs`]: a merger over `k` vnodes (vnode `v` holds keys
-/// `≡ v mod k`) is drained a few outputs at a time; between rounds random vnodes get new
-/// rows after their position (inserted, updated, deleted: what an epoch's changes left
-/// there), by `renew`. After each renewal, what the merger emits must be what a merger
-/// opened afresh on every vnode's remaining rows would emit: the sorted remaining rows
-/// (`ordered`), or per vnode its remaining rows in order, each in its newest version. Every
-/// row of the final table is emitted exactly once, and each vnode is reported exhausted
-/// after its last row.
+/// `≡ v mod k`) is drained a few outputs at a time; between rounds random vnodes get fresh
+/// scans of new rows after their position (the rows an epoch's changes left there). After
+/// each restart, what the merger emits must be what a merger opened afresh on every vnode's
+/// remaining rows would emit: the sorted remaining rows (`ordered`), or per vnode its
+/// remaining rows in order. Every row of the final table is emitted exactly once, and each
+/// vnode is reported exhausted after its last row.
 pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
     seed: u64,
     ordered: bool,
-    renew: Renew,
     make: impl Fn(Vec<(VirtualNode, VecScan)>, usize) -> M,
 ) {
     let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(seed);
@@ -464,48 +447,45 @@ pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
             .filter(|_| rng.random_bool(0.5))
             .collect()
     };
-    // Per vnode: the rows not emitted yet, `(key, id)` in key order.
-    let mut remaining: Vec<VecDeque<(i64, u64)>> = (0..k)
-        .map(|v| {
-            let keys = class(v, &mut rng, None);
-            keys.into_iter().map(|key| (key, key as u64)).collect()
-        })
-        .collect();
+    // Per vnode: the rows not emitted yet, in key order.
+    let mut remaining: Vec<VecDeque<i64>> =
+        (0..k).map(|v| class(v, &mut rng, None).into()).collect();
     let scans = (0..k)
         .map(|v| {
-            let rows: Vec<(i64, u64)> = remaining[v].iter().copied().collect();
+            let keys: Vec<i64> = remaining[v].iter().copied().collect();
             (
                 VirtualNode::new(v as u16),
-                random_scan(&mut rng, &pk, &rows),
+                random_scan(&mut rng, &pk, &keys),
             )
         })
         .collect();
     let mut merger = make(scans, batch_size);
     let mut pos: Vec<Option<i64>> = vec![None; k];
     let mut reported = vec![false; k];
-    for round in 0..8u64 {
+    for round in 0..8 {
         let last_round = round == 7;
         let pulls = if last_round {
             usize::MAX
         } else {
             rng.random_range(0..4)
         };
-        let mut expected_order: Vec<(i64, u64)> = remaining.iter().flatten().copied().collect();
+        let mut expected_order: Vec<i64> = remaining.iter().flatten().copied().collect();
         expected_order.sort_unstable();
-        let expected_order: Vec<u64> = expected_order.into_iter().map(|(_, id)| id).collect();
         let mut got = Vec::new();
         for _ in 0..pulls {
             let Some(output) = merger.next_output().unwrap() else {
                 break;
             };
-            let ids = ids(&output.batch.batch);
-            for &id in &ids {
-                let key = (id % VERSION) as i64;
+            let keys: Vec<i64> = ids(&output.batch.batch)
+                .iter()
+                .map(|&id| id as i64)
+                .collect();
+            for &key in &keys {
                 let v = (key % k as i64) as usize;
                 assert_eq!(
                     remaining[v].pop_front(),
-                    Some((key, id)),
-                    "seed {seed}: vnode {v} rows, order or versions"
+                    Some(key),
+                    "seed {seed}: vnode {v} order"
                 );
                 pos[v] = Some(key);
             }
@@ -523,7 +503,7 @@ pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
                 );
                 reported[vnode.index()] = true;
             }
-            got.extend(ids);
+            got.extend(keys);
         }
         if ordered {
             assert_eq!(
@@ -536,45 +516,15 @@ pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
             break;
         }
         for v in 0..k {
-            if !rng.random_bool(0.3) {
-                continue;
-            }
-            let vnode = VirtualNode::new(v as u16);
-            let version = (round + 1) * VERSION;
-            let old: HashMap<i64, u64> = remaining[v].iter().copied().collect();
-            let rows: Vec<(i64, u64)> = class(v, &mut rng, pos[v])
-                .into_iter()
-                .map(|key| match old.get(&key) {
-                    Some(&id) if rng.random_bool(0.5) => (key, id),
-                    _ => (key, key as u64 + version),
-                })
-                .collect();
-            remaining[v] = rows.iter().copied().collect();
-            reported[v] = false;
-            let after = pos[v].map(|p| int_rows(&pk, &[p]).last_position().unwrap());
-            match renew {
-                Renew::Restart => {
-                    let scan = random_scan(&mut rng, &pk, &rows);
-                    merger.restart(vnode, scan, after.as_ref()).unwrap();
-                }
-                Renew::CatchUp => {
-                    let changes = changes_between(&mut rng, &pk, &old, &rows, pos[v], k);
-                    let mut rescan = |from: Option<&crate::key::Position>| {
-                        let from = from.map(|p| p.as_bytes().to_vec());
-                        let rest: Vec<(i64, u64)> = rows
-                            .iter()
-                            .copied()
-                            .filter(|(key, _)| {
-                                let encoded = int_rows(&pk, &[*key]).keys.value(0).to_vec();
-                                from.as_ref().is_none_or(|f| encoded > *f)
-                            })
-                            .collect();
-                        Ok(random_scan(&mut rng, &pk, &rest))
-                    };
-                    merger
-                        .catch_up(vnode, after.as_ref(), Some(&changes), &mut rescan)
-                        .unwrap();
-                }
+            if rng.random_bool(0.3) {
+                let keys = class(v, &mut rng, pos[v]);
+                remaining[v] = keys.iter().copied().collect();
+                reported[v] = false;
+                let scan = random_scan(&mut rng, &pk, &keys);
+                let after = pos[v].map(|p| int_rows(&pk, &[p]).last_position().unwrap());
+                merger
+                    .restart(VirtualNode::new(v as u16), scan, after.as_ref())
+                    .unwrap();
             }
         }
     }
@@ -586,45 +536,4 @@ pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
         reported.iter().all(|r| *r),
         "seed {seed}: a vnode never reported"
     );
-}
-
-/// The changes that turn a vnode's rows `old` into `new` (both after `pos`): every new row
-/// (changed or not: a change may rewrite a row as it was) and a tombstone for every row
-/// gone, plus changes at or before `pos` (already emitted: a catch-up ignores them).
-fn changes_between(
-    rng: &mut StdRng,
-    pk: &PrimaryKey,
-    old: &HashMap<i64, u64>,
-    new: &[(i64, u64)],
-    pos: Option<i64>,
-    k: usize,
-) -> crate::merge::VnodeChanges {
-    let mut rows: Vec<(i64, u64, bool)> = new.iter().map(|&(key, id)| (key, id, false)).collect();
-    let kept: HashSet<i64> = new.iter().map(|(key, _)| *key).collect();
-    rows.extend(
-        old.keys()
-            .filter(|key| !kept.contains(key))
-            .map(|&key| (key, 0, true)),
-    );
-    if let Some(pos) = pos {
-        // Behind the position: an update of the last emitted key, a delete before it.
-        rows.push((pos, pos as u64 + 99 * VERSION, false));
-        if pos >= k as i64 && rng.random_bool(0.5) {
-            rows.push((pos - k as i64, 0, true));
-        }
-    }
-    rows.sort_unstable_by_key(|(key, _, _)| *key);
-    let data = rows_with_ids(
-        pk,
-        &rows
-            .iter()
-            .map(|&(key, id, _)| (key, id))
-            .collect::<Vec<_>>(),
-    );
-    let deleted = arrow_buffer::BooleanBuffer::from_iter(rows.iter().map(|(_, _, d)| *d));
-    crate::merge::VnodeChanges(crate::store::Run {
-        data,
-        deleted: Some(deleted),
-        parent: None,
-    })
 }

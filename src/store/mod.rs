@@ -36,7 +36,7 @@ mod run;
 
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
-pub(crate) use run::{Run, changes_by_vnode, gc_views, patch_rows};
+pub(crate) use run::gc_views;
 
 use std::sync::Arc;
 

@@ -317,53 +317,6 @@ pub(crate) fn build_pending_sliced_runs(
     }
 }
 
-/// An epoch's changes (chunks in arrival order) as one run per vnode: the newest change of
-/// each key, deletes as tombstones, sorted by key.
-pub(crate) fn changes_by_vnode(
-    desc: &TableDesc,
-    chunks: &[StreamChunk],
-) -> Result<Vec<(VirtualNode, Run)>> {
-    let pending = chunks
-        .iter()
-        .map(|chunk| Ok((chunk.clone(), desc.vnodes_of(chunk.batch())?)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(build_pending_sliced_runs(desc, &pending)?.0)
-}
-
-/// `rows` (sorted, all visible) with the `changes` of keys in `(after, upto]` applied, newest
-/// wins: a change's row replaces the row of its key or joins in key order, a tombstone
-/// removes its key. Changes outside the range are ignored. The patched rows come in key
-/// order as one or more batches (none when every row went); `rows` comes back as it is
-/// (no copy) when no change is in the range.
-pub(crate) fn patch_rows(
-    rows: KeyedBatch,
-    changes: &Run,
-    after: Option<&[u8]>,
-    upto: &[u8],
-) -> Result<Vec<KeyedBatch>> {
-    let start = changes.start_after(after);
-    let end = partition_point(changes.len(), |i| changes.key(i) <= upto);
-    if start >= end {
-        return Ok(vec![rows]);
-    }
-    let most = rows.num_rows() + (end - start);
-    let sources: Vec<Box<dyn RunList>> = vec![
-        Box::new(vec![Arc::new(Run {
-            data: rows,
-            deleted: None,
-            parent: None,
-        })]),
-        Box::new(vec![Arc::new(changes.slice(start, end - start))]),
-    ];
-    // Reads of at most every row of both; a read may end early (at a run's end, say).
-    let mut reader = MergeReader::new(sources, None, most)?;
-    let mut patched = Vec::new();
-    while let Some(batch) = reader.next_batch()? {
-        patched.push(batch);
-    }
-    Ok(patched)
-}
-
 /// One input of a merged read: a list of runs read in order.
 struct Source {
     list: Box<dyn RunList>,
@@ -837,85 +790,6 @@ mod tests {
                 let bits = |r: &Run| r.deleted.as_ref().map(|d| d.iter().collect::<Vec<_>>());
                 assert_eq!(bits(g), bits(w), "vnode {gv}");
             }
-        }
-    }
-
-    /// Differential against a `BTreeMap`: read-ahead rows patched with random changes
-    /// (updates, inserts, deletes, some outside the range) are the map's rows in the range.
-    #[test]
-    fn patched_rows_are_the_rows_the_changes_leave() {
-        use std::collections::BTreeMap;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("v", DataType::Int64, false),
-        ]));
-        let pk =
-            crate::key::PrimaryKey::new(&schema, vec![crate::key::KeyColumn::asc("k")]).unwrap();
-        let keyed = |rows: &[(i64, i64)]| {
-            let batch = RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
-                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
-                ],
-            )
-            .unwrap();
-            let keys = pk.encode(&batch).unwrap();
-            KeyedBatch { batch, keys }
-        };
-        let mut x = 7u64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        for case in 0..300 {
-            // Held rows: keys in (after, upto], upto the last of them.
-            let after = next(20) as i64;
-            let mut held: BTreeMap<i64, i64> = BTreeMap::new();
-            for _ in 0..1 + next(40) {
-                held.insert(after + 1 + next(60) as i64, 0);
-            }
-            let upto = *held.keys().last().unwrap();
-            // Changes anywhere, before `after` and past `upto` too.
-            let mut changes: BTreeMap<i64, Option<i64>> = BTreeMap::new();
-            for i in 0..next(30) {
-                let key = next(100) as i64;
-                changes.insert(key, (next(3) != 0).then_some(i as i64 + 1));
-            }
-            let mut want = held.clone();
-            for (key, change) in changes.range(after + 1..=upto) {
-                match change {
-                    Some(v) => want.insert(*key, *v),
-                    None => want.remove(key),
-                };
-            }
-            let rows: Vec<(i64, i64)> = held.into_iter().collect();
-            let change_rows: Vec<(i64, i64)> =
-                changes.iter().map(|(k, v)| (*k, v.unwrap_or(-1))).collect();
-            let changes = Run {
-                data: keyed(&change_rows),
-                deleted: Some(BooleanBuffer::from_iter(
-                    changes.values().map(Option::is_none),
-                )),
-                parent: None,
-            };
-            let bound = |key: i64| keyed(&[(key, 0)]).keys.value(0).to_vec();
-            let patched =
-                patch_rows(keyed(&rows), &changes, Some(&bound(after)), &bound(upto)).unwrap();
-            let mut got: Vec<(i64, i64)> = Vec::new();
-            for batch in &patched {
-                let column = |i: usize| {
-                    let c = batch.batch.column(i);
-                    c.as_primitive::<arrow_array::types::Int64Type>()
-                        .values()
-                        .to_vec()
-                };
-                got.extend(column(0).into_iter().zip(column(1)));
-                assert_eq!(batch.keys, pk.encode(&batch.batch).unwrap(), "case {case}");
-            }
-            assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "case {case}");
         }
     }
 }
