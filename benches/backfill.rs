@@ -45,8 +45,10 @@ use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
 use arrangement_backfill::store::{MemoryScan, MemoryStore, SnapshotScan, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
 use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::{Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_select::interleave::interleave_record_batch;
+use arrow_select::take::take_record_batch;
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use futures::StreamExt;
 use rand::rngs::StdRng;
@@ -286,57 +288,80 @@ fn filter(c: &mut Criterion) {
     }
 }
 
-/// Where the merged backfill's time goes: the same 1M-row table, scanned per vnode at the
-/// executor's merged read size (1024 / 256 vnodes, clamped to 64 rows) and at 1024 rows, with
-/// and without the k-way merge on top. No executor, no progress.
+/// Where the merged backfill's time goes: the same 1M-row table, scanned per vnode at 256
+/// vnodes with reads of 64 rows (the smallest merged read), 512 (the executor's read with
+/// 128 inputs a actor) and 1024 (a whole batch), with and without the k-way merge on top.
+/// No executor, no progress. `1M` reads the table as loaded (a read is a slice of one
+/// segment); `1M_with_delta` after an epoch that updated every fifth row, so every read
+/// assembles its rows from the base and the delta (the store's gather, then the merge's).
 fn snapshot_parts(c: &mut Criterion) {
     const ROWS: usize = 1_000_000;
     let mut rng = StdRng::seed_from_u64(SEED);
     let batch = table_batch(ROWS, &mut rng);
-    let store = MemoryStore::new();
-    let desc = store
-        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
-        .unwrap();
-    let owned = VnodeBitmap::full(desc.vnode_count());
-    let mut table = store.table("t", owned.clone()).unwrap();
-    table.write(&StreamChunk::inserts(batch)).unwrap();
-    table.seal(1).unwrap();
-    store.commit(1).unwrap();
-    let scans = |read: usize| -> Vec<(VirtualNode, MemoryScan)> {
-        owned
-            .iter()
-            .map(|v| (v, table.scan(v, None, 1, read).unwrap()))
-            .collect()
-    };
-    let mut group = c.benchmark_group("snapshot_parts/1M");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.sample_size(10);
-    group.warm_up_time(Duration::from_secs(1));
-    group.measurement_time(Duration::from_secs(3));
-    for read in [64, 1024] {
-        group.bench_function(format!("scan_only/read{read}"), |b| {
-            b.iter(|| {
-                let mut rows = 0;
-                for (_, mut scan) in scans(read) {
-                    while let Some(batch) = scan.next_batch().unwrap() {
-                        rows += black_box(batch).num_rows();
+    for (label, with_delta) in [("1M", false), ("1M_with_delta", true)] {
+        let store = MemoryStore::new();
+        let desc = store
+            .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+            .unwrap();
+        let owned = VnodeBitmap::full(desc.vnode_count());
+        let mut table = store.table("t", owned.clone()).unwrap();
+        table.write(&StreamChunk::inserts(batch.clone())).unwrap();
+        table.seal(1).unwrap();
+        store.commit(1).unwrap();
+        let mut epoch = 1;
+        if with_delta {
+            // Every fifth row gets a new value: U- old, U+ new.
+            let rows: Vec<u32> = (0..ROWS as u32).step_by(5).collect();
+            let old = take_record_batch(&batch, &UInt32Array::from(rows)).unwrap();
+            let mut columns = old.columns().to_vec();
+            let n = old.num_rows();
+            columns[2] = Arc::new(Int64Array::from_iter_values((0..n as i64).map(|i| -i)));
+            let new = RecordBatch::try_new(old.schema(), columns).unwrap();
+            let pairs: Vec<(usize, usize)> = (0..n).flat_map(|i| [(0, i), (1, i)]).collect();
+            let rows = interleave_record_batch(&[&old, &new], &pairs).unwrap();
+            let ops: Vec<Op> = (0..n)
+                .flat_map(|_| [Op::UpdateDelete, Op::UpdateInsert])
+                .collect();
+            table.write(&StreamChunk::new(rows, ops).unwrap()).unwrap();
+            table.seal(2).unwrap();
+            epoch = 2;
+        }
+        let scans = |read: usize| -> Vec<(VirtualNode, MemoryScan)> {
+            owned
+                .iter()
+                .map(|v| (v, table.scan(v, None, epoch, read).unwrap()))
+                .collect()
+        };
+        let mut group = c.benchmark_group(format!("snapshot_parts/{label}"));
+        group.throughput(Throughput::Elements(ROWS as u64));
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_secs(1));
+        group.measurement_time(Duration::from_secs(3));
+        for read in [64, 512, 1024] {
+            group.bench_function(format!("scan_only/read{read}"), |b| {
+                b.iter(|| {
+                    let mut rows = 0;
+                    for (_, mut scan) in scans(read) {
+                        while let Some(batch) = scan.next_batch().unwrap() {
+                            rows += black_box(batch).num_rows();
+                        }
                     }
-                }
-                assert_eq!(rows, ROWS);
-            })
-        });
-        group.bench_function(format!("kway/read{read}"), |b| {
-            b.iter(|| {
-                let mut merge = KWayMerge::new(desc.pk(), scans(read), BATCH).unwrap();
-                let mut rows = 0;
-                while let Some(out) = merge.next_output().unwrap() {
-                    rows += black_box(out).batch.num_rows();
-                }
-                assert_eq!(rows, ROWS);
-            })
-        });
+                    assert_eq!(rows, ROWS);
+                })
+            });
+            group.bench_function(format!("kway/read{read}"), |b| {
+                b.iter(|| {
+                    let mut merge = KWayMerge::new(desc.pk(), scans(read), BATCH).unwrap();
+                    let mut rows = 0;
+                    while let Some(out) = merge.next_output().unwrap() {
+                        rows += black_box(out).batch.num_rows();
+                    }
+                    assert_eq!(rows, ROWS);
+                })
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 /// Runs the snapshot of the loaded table through `actors` parallel backfill actors (the

@@ -401,10 +401,13 @@ where
                 .core
                 .as_ref()
                 .is_some_and(|c| c.tracker().needs_global_order());
-        // A k-way merge holds one batch per input: read small per-vnode batches so an epoch
-        // does not read far more than it emits (rows read but not emitted are read again).
+        // A k-way merge holds one batch per input: the inputs share a read-ahead of
+        // MERGE_READ_AHEAD rows (at most a batch, at least MIN_MERGE_READ rows each), so the
+        // merge's memory does not grow with the vnode count, and rows read but not emitted
+        // (read again when a barrier restarts their vnode) stay few.
         let read_size = if merged {
-            (batch_size / plan.len().max(1)).clamp(MIN_MERGE_READ.min(batch_size), batch_size)
+            (MERGE_READ_AHEAD.max(batch_size) / plan.len().max(1))
+                .clamp(MIN_MERGE_READ.min(batch_size), batch_size)
         } else {
             batch_size
         };
@@ -458,6 +461,13 @@ where
 
 /// The smallest per-vnode read of the k-way merge.
 const MIN_MERGE_READ: usize = 64;
+
+/// The rows the k-way merge's inputs read ahead together (unless one batch is more). Each
+/// read pays a fixed cost per column (the store's gather of a merged read, and the merge's
+/// gather of every batch it takes rows from), so reads of a few rows each are slow: with
+/// 128 inputs, reads of 512 rows instead of 64 cut a scale-1 replay by about a tenth
+/// (BENCHMARKS.md, "Longer merge reads").
+const MERGE_READ_AHEAD: usize = 64 * 1024;
 
 /// A token bucket of snapshot rows. Reads may overdraw it by one batch (so a limited epoch
 /// still makes progress); the debt is paid by waiting.
