@@ -33,7 +33,10 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
+use hashbrown::HashSet;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -148,6 +151,7 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
+    let mut dictionaries = DictionaryChoice::default();
     for job in rx {
         match job {
             Job::Digest(desc) => {
@@ -162,8 +166,9 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
                     let batch = chunk.to_changelog(Some(epoch))?;
                     let writer = match &mut writer {
                         Some(w) => w,
-                        None => writer.insert(new_writer(schema)?),
+                        None => writer.insert(new_writer(schema, &dictionaries)?),
                     };
+                    dictionaries.observe(&batch);
                     writer.write(&batch)?;
                     if let Some((desc, digest)) = &mut digest {
                         digest.apply(desc, &chunk)?;
@@ -191,7 +196,8 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
     }
 }
 
-/// Whether the sink dictionary-encodes a column of `data_type`: strings and binaries only.
+/// Whether the sink may dictionary-encode a column of `data_type`: strings and binaries
+/// only, and among them only those whose values repeat ([`DictionaryChoice`]).
 ///
 /// Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): dictionary encoding of the
 /// numeric columns (hashing and interning every value) was about 3 s of a replay's CPU, and
@@ -210,25 +216,114 @@ fn dictionary_encoded(data_type: &DataType) -> bool {
     )
 }
 
-/// The writer properties of a changelog file of `schema`.
-fn writer_properties(schema: &SchemaRef) -> WriterProperties {
+/// The rows of a string column the sink looks at to choose its encoding.
+const DICTIONARY_SAMPLE: usize = 4096;
+
+/// Which string and binary columns get a dictionary: the ones whose values repeat.
+///
+/// A dictionary pays for a column of few distinct values (flags, modes, names). For free
+/// text it does not: the writer interns every value (a hash and a compare each) until the
+/// dictionary page is full, then falls back to plain pages for the rest of the column
+/// chunk; lineitem's `l_comment` cost a fifth of the sink's CPU that way. The choice is made
+/// once the first [`DICTIONARY_SAMPLE`] rows went by (a column with at most half of them
+/// distinct keeps its dictionary) and holds for every file begun after it; until then every
+/// string column has one.
+#[derive(Debug, Default)]
+struct DictionaryChoice {
+    /// Per column: the distinct values seen (`None`: not a string or binary column).
+    seen: Vec<Option<HashSet<Vec<u8>>>>,
+    sampled: usize,
+    /// Per column: whether it gets a dictionary; `None` until chosen.
+    chosen: Option<Vec<bool>>,
+}
+
+impl DictionaryChoice {
+    /// Samples the rows of `batch` the choice still needs.
+    fn observe(&mut self, batch: &RecordBatch) {
+        if self.chosen.is_some() {
+            return;
+        }
+        if self.seen.is_empty() {
+            self.seen = (batch.columns().iter())
+                .map(|c| dictionary_encoded(c.data_type()).then(HashSet::new))
+                .collect();
+        }
+        let take = batch.num_rows().min(DICTIONARY_SAMPLE - self.sampled);
+        for (column, seen) in batch.columns().iter().zip(&mut self.seen) {
+            if let Some(seen) = seen {
+                collect_distinct(&column.slice(0, take), seen, DICTIONARY_SAMPLE / 2);
+            }
+        }
+        self.sampled += take;
+        if self.sampled == DICTIONARY_SAMPLE {
+            let limit = DICTIONARY_SAMPLE / 2;
+            let seen = std::mem::take(&mut self.seen);
+            let chosen = seen
+                .iter()
+                .map(|s| s.as_ref().is_some_and(|s| s.len() <= limit));
+            self.chosen = Some(chosen.collect());
+        }
+    }
+
+    /// Whether column `i` of type `data_type` gets a dictionary.
+    fn dictionary(&self, i: usize, data_type: &DataType) -> bool {
+        match &self.chosen {
+            Some(chosen) => chosen.get(i).copied().unwrap_or(false),
+            None => dictionary_encoded(data_type),
+        }
+    }
+}
+
+/// Adds the distinct non-null values of `array` (a string or binary column) to `seen`, up to
+/// one more than `limit` of them.
+fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize) {
+    fn add<'a>(
+        values: impl Iterator<Item = Option<&'a [u8]>>,
+        seen: &mut HashSet<Vec<u8>>,
+        limit: usize,
+    ) {
+        for value in values.flatten() {
+            if seen.len() > limit {
+                return;
+            }
+            if !seen.contains(value) {
+                seen.insert(value.to_vec());
+            }
+        }
+    }
+    fn text(v: Option<&str>) -> Option<&[u8]> {
+        v.map(str::as_bytes)
+    }
+    match array.data_type() {
+        DataType::Utf8 => add(array.as_string::<i32>().iter().map(text), seen, limit),
+        DataType::LargeUtf8 => add(array.as_string::<i64>().iter().map(text), seen, limit),
+        DataType::Utf8View => add(array.as_string_view().iter().map(text), seen, limit),
+        DataType::Binary => add(array.as_binary::<i32>().iter(), seen, limit),
+        DataType::LargeBinary => add(array.as_binary::<i64>().iter(), seen, limit),
+        DataType::BinaryView => add(array.as_binary_view().iter(), seen, limit),
+        DataType::FixedSizeBinary(_) => add(array.as_fixed_size_binary().iter(), seen, limit),
+        _ => {}
+    }
+}
+
+fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> WriterProperties {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_coerce_types(true); // Date64 as a Parquet DATE, so every reader sees a date.
-    for field in schema.fields() {
+    for (i, field) in schema.fields().iter().enumerate() {
         // Top-level leaves only; a nested column keeps the default (dictionary on).
         if !field.data_type().is_nested() {
             builder = builder.set_column_dictionary_enabled(
                 ColumnPath::from(field.name().as_str()),
-                dictionary_encoded(field.data_type()),
+                choice.dictionary(i, field.data_type()),
             );
         }
     }
     builder.build()
 }
 
-fn new_writer(schema: &SchemaRef) -> Result<ArrowWriter<Vec<u8>>> {
-    let props = writer_properties(schema);
+fn new_writer(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<ArrowWriter<Vec<u8>>> {
+    let props = writer_properties(schema, choice);
     Ok(ArrowWriter::try_new(
         Vec::new(),
         Arc::clone(schema),
@@ -432,6 +527,7 @@ impl ParquetSink {
 mod tests {
     use super::*;
     use crate::store::io::RealIo;
+    use arrow_array::{BinaryArray, Int64Array, StringArray, StringViewArray};
     use arrow_schema::{DataType, Field, Schema};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use std::fs::{self, File};
@@ -508,6 +604,78 @@ mod tests {
         let expected: Vec<(String, bool)> =
             expected.iter().map(|(n, d)| (n.to_string(), *d)).collect();
         assert_eq!(dictionary, expected);
+    }
+
+    /// The dictionary columns of every row group of the published file of `epoch`.
+    fn dictionary_columns(sink: &ParquetSink, epoch: u64) -> Vec<String> {
+        let file = File::open(sink.dir().join(file_name(epoch))).unwrap();
+        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .metadata()
+            .clone();
+        let mut columns: Vec<String> = meta
+            .row_groups()
+            .iter()
+            .flat_map(|g| g.columns())
+            .filter(|c| c.dictionary_page_offset().is_some())
+            .map(|c| c.column_path().string())
+            .collect();
+        columns.dedup();
+        columns
+    }
+
+    #[test]
+    fn free_text_gets_no_dictionary_once_the_sample_shows_it() {
+        let table = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("mode", DataType::Utf8View, false),
+            Field::new("comment", DataType::Utf8, true),
+            Field::new("blob", DataType::Binary, true),
+        ]));
+        let rows = |from: i64, n: i64| {
+            let batch = RecordBatch::try_new(
+                table.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(from..from + n)),
+                    Arc::new(StringViewArray::from_iter_values(
+                        (from..from + n).map(|i| ["AIR", "RAIL", "SHIP"][i as usize % 3]),
+                    )),
+                    // Distinct, with a few nulls (not counted as values).
+                    Arc::new(StringArray::from_iter(
+                        (from..from + n)
+                            .map(|i| (i % 10 != 0).then(|| format!("free text number {i}"))),
+                    )),
+                    // A quarter distinct: a dictionary.
+                    Arc::new(BinaryArray::from_iter_values(
+                        (from..from + n).map(|i| (i / 4).to_le_bytes()),
+                    )),
+                ],
+            )
+            .unwrap();
+            StreamChunk::inserts(batch)
+        };
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &table, None).unwrap();
+        // A first file too small to judge: every string column has a dictionary.
+        sink.push(2, rows(0, 100)).unwrap();
+        let prepared = sink.prepare(2).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        assert_eq!(dictionary_columns(&sink, 2), ["mode", "comment", "blob"]);
+        // The sample fills up in this file (which keeps its dictionaries): the free text
+        // goes plain in the files begun after it.
+        let n = DICTIONARY_SAMPLE as i64;
+        for part in 0..4 {
+            sink.push(3, rows(100 + part * n / 4, n / 4)).unwrap();
+        }
+        let prepared = sink.prepare(3).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        assert_eq!(dictionary_columns(&sink, 3), ["mode", "comment", "blob"]);
+        for epoch in [4, 5] {
+            sink.push(epoch, rows(100 + n * epoch as i64, 10)).unwrap();
+            let prepared = sink.prepare(epoch).unwrap().unwrap();
+            sink.publish(prepared).unwrap();
+            assert_eq!(dictionary_columns(&sink, epoch), ["mode", "blob"]);
+        }
     }
 
     #[test]
