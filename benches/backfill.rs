@@ -42,7 +42,9 @@ use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, 
 use arrangement_backfill::job::{ParallelBackfill, VnodeMap};
 use arrangement_backfill::key::{KeyColumn, Position};
 use arrangement_backfill::merge::{KWayMerge, SnapshotMerger};
-use arrangement_backfill::store::{MemoryScan, MemoryStore, SnapshotScan, StateStore, StateTable};
+use arrangement_backfill::store::{
+    MemoryScan, MemoryStore, MemoryTable, SnapshotScan, StateStore, StateTable,
+};
 use arrangement_backfill::table::TableDesc;
 use arrangement_backfill::vnode::{VirtualNode, VnodeBitmap, VnodeCount};
 use arrow_array::{Int64Array, RecordBatch, StringArray, UInt32Array};
@@ -86,6 +88,21 @@ fn table_batch(rows: usize, rng: &mut StdRng) -> RecordBatch {
         ],
     )
     .unwrap()
+}
+
+/// A memory store holding `batch` as table `t`, committed at epoch 1, with a handle on
+/// every vnode.
+fn loaded_table(batch: &RecordBatch) -> (MemoryStore, Arc<TableDesc>, VnodeBitmap, MemoryTable) {
+    let store = MemoryStore::new();
+    let desc = store
+        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
+        .unwrap();
+    let owned = VnodeBitmap::full(desc.vnode_count());
+    let mut table = store.table("t", owned.clone()).unwrap();
+    table.write(&StreamChunk::inserts(batch.clone())).unwrap();
+    table.seal(1).unwrap();
+    store.commit(1).unwrap();
+    (store, desc, owned, table)
 }
 
 #[derive(Clone, Copy)]
@@ -149,15 +166,7 @@ fn backfill_snapshot(c: &mut Criterion) {
     for (label, rows) in [("1M", 1_000_000), ("10M", 10_000_000)] {
         let mut rng = StdRng::seed_from_u64(SEED);
         let batch = table_batch(rows, &mut rng);
-        let store = MemoryStore::new();
-        let desc = store
-            .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
-            .unwrap();
-        let owned = VnodeBitmap::full(desc.vnode_count());
-        let mut table = store.table("t", owned.clone()).unwrap();
-        table.write(&StreamChunk::inserts(batch.clone())).unwrap();
-        table.seal(1).unwrap();
-        store.commit(1).unwrap();
+        let (store, desc, owned, _) = loaded_table(&batch);
         let mut reference = ReferenceBackfill::new(desc.clone(), &owned, BATCH).unwrap();
         reference.load(&batch).unwrap();
         drop(batch);
@@ -299,15 +308,7 @@ fn snapshot_parts(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(SEED);
     let batch = table_batch(ROWS, &mut rng);
     for (label, with_delta) in [("1M", false), ("1M_with_delta", true)] {
-        let store = MemoryStore::new();
-        let desc = store
-            .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
-            .unwrap();
-        let owned = VnodeBitmap::full(desc.vnode_count());
-        let mut table = store.table("t", owned.clone()).unwrap();
-        table.write(&StreamChunk::inserts(batch.clone())).unwrap();
-        table.seal(1).unwrap();
-        store.commit(1).unwrap();
+        let (_store, desc, owned, mut table) = loaded_table(&batch);
         let mut epoch = 1;
         if with_delta {
             // Every fifth row gets a new value: U- old, U+ new.
@@ -411,18 +412,7 @@ fn actors_snapshot(c: &mut Criterion) {
         .unwrap();
     let rows = 1_000_000;
     let mut rng = StdRng::seed_from_u64(SEED);
-    let store = MemoryStore::new();
-    let desc = store
-        .create_table(TableDesc::new("t", schema(), vec![KeyColumn::asc("k")]).unwrap())
-        .unwrap();
-    let mut table = store
-        .table("t", VnodeBitmap::full(desc.vnode_count()))
-        .unwrap();
-    table
-        .write(&StreamChunk::inserts(table_batch(rows, &mut rng)))
-        .unwrap();
-    table.seal(1).unwrap();
-    store.commit(1).unwrap();
+    let (store, _, _, _) = loaded_table(&table_batch(rows, &mut rng));
     let runs = AtomicUsize::new(0);
     let mut group = c.benchmark_group("actors_snapshot/1M");
     group.throughput(Throughput::Elements(rows as u64));
