@@ -464,9 +464,10 @@ const MIN_MERGE_READ: usize = 64;
 
 /// The rows the k-way merge's inputs read ahead together (unless one batch is more). Each
 /// read pays a fixed cost per column (the store's gather of a merged read, and the merge's
-/// gather of every batch it takes rows from), so reads of a few rows each are slow: with
-/// 128 inputs, reads of 512 rows instead of 64 cut a scale-1 replay by about a tenth
-/// (BENCHMARKS.md, "Longer merge reads").
+/// gather of every batch it takes rows from), so reads of a few rows each are slow: at 256
+/// vnodes over a table with a delta layer, reads of 512 rows instead of 64 merge 1.6x as
+/// many rows a second (`snapshot_parts` in `benches/backfill.rs`; BENCHMARKS.md, "Longer
+/// merge reads").
 const MERGE_READ_AHEAD: usize = 64 * 1024;
 
 /// A token bucket of snapshot rows. Reads may overdraw it by one batch (so a limited epoch

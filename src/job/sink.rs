@@ -219,6 +219,9 @@ fn dictionary_encoded(data_type: &DataType) -> bool {
 /// The rows of a string column the sink looks at to choose its encoding.
 const DICTIONARY_SAMPLE: usize = 4096;
 
+/// The most distinct values among the sample of a column that keeps its dictionary.
+const DICTIONARY_DISTINCT: usize = DICTIONARY_SAMPLE / 2;
+
 /// Which string and binary columns get a dictionary: the ones whose values repeat.
 ///
 /// A dictionary pays for a column of few distinct values (flags, modes, names). For free
@@ -251,16 +254,15 @@ impl DictionaryChoice {
         let take = batch.num_rows().min(DICTIONARY_SAMPLE - self.sampled);
         for (column, seen) in batch.columns().iter().zip(&mut self.seen) {
             if let Some(seen) = seen {
-                collect_distinct(&column.slice(0, take), seen, DICTIONARY_SAMPLE / 2);
+                collect_distinct(&column.slice(0, take), seen, DICTIONARY_DISTINCT);
             }
         }
         self.sampled += take;
         if self.sampled == DICTIONARY_SAMPLE {
-            let limit = DICTIONARY_SAMPLE / 2;
             let seen = std::mem::take(&mut self.seen);
             let chosen = seen
                 .iter()
-                .map(|s| s.as_ref().is_some_and(|s| s.len() <= limit));
+                .map(|s| s.as_ref().is_some_and(|s| s.len() <= DICTIONARY_DISTINCT));
             self.chosen = Some(chosen.collect());
         }
     }
@@ -306,6 +308,7 @@ fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize)
     }
 }
 
+/// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`.
 fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> WriterProperties {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
