@@ -37,8 +37,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
 use hashbrown::HashSet;
+use parquet::arrow::ArrowSchemaConverter;
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
@@ -309,7 +310,13 @@ fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize)
 }
 
 /// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`.
-fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> WriterProperties {
+///
+/// Integer leaves (Parquet INT32 and INT64: integers, dates, times, timestamps, small
+/// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED`: a page holds bit-packed
+/// differences instead of 4 or 8 bytes a value, so zstd gets a fraction of the bytes to
+/// compress. Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): zstd was over half of
+/// the sink's CPU, most of its input plain integers.
+fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<WriterProperties> {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_coerce_types(true); // Date64 as a Parquet DATE, so every reader sees a date.
@@ -322,11 +329,23 @@ fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> WriterPro
             );
         }
     }
-    builder.build()
+    let parquet_schema = ArrowSchemaConverter::new()
+        .with_coerce_types(true)
+        .convert(schema)?;
+    for leaf in parquet_schema.columns() {
+        if matches!(
+            leaf.physical_type(),
+            PhysicalType::INT32 | PhysicalType::INT64
+        ) {
+            builder =
+                builder.set_column_encoding(leaf.path().clone(), Encoding::DELTA_BINARY_PACKED);
+        }
+    }
+    Ok(builder.build())
 }
 
 fn new_writer(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<ArrowWriter<Vec<u8>>> {
-    let props = writer_properties(schema, choice);
+    let props = writer_properties(schema, choice)?;
     Ok(ArrowWriter::try_new(
         Vec::new(),
         Arc::clone(schema),
@@ -530,8 +549,11 @@ impl ParquetSink {
 mod tests {
     use super::*;
     use crate::store::io::RealIo;
-    use arrow_array::{BinaryArray, Int64Array, StringArray, StringViewArray};
-    use arrow_schema::{DataType, Field, Schema};
+    use arrow_array::{
+        BinaryArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
+        StringViewArray, TimestampMicrosecondArray,
+    };
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use std::fs::{self, File};
 
@@ -678,6 +700,71 @@ mod tests {
             let prepared = sink.prepare(epoch).unwrap().unwrap();
             sink.publish(prepared).unwrap();
             assert_eq!(dictionary_columns(&sink, epoch), ["mode", "blob"]);
+        }
+    }
+
+    #[test]
+    fn integer_columns_are_delta_packed_and_read_back_equal() {
+        let table = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("day", DataType::Date32, true),
+            Field::new("price", DataType::Decimal128(12, 2), false),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                false,
+            ),
+            Field::new("ratio", DataType::Float64, false),
+            Field::new("mode", DataType::Utf8, false),
+        ]));
+        let n = 5000i64;
+        let batch = RecordBatch::try_new(
+            table.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| i * 7919 % 100_003),
+                )),
+                Arc::new(Date32Array::from_iter(
+                    (0..n).map(|i| (i % 9 != 0).then_some(i as i32)),
+                )),
+                Arc::new(
+                    Decimal128Array::from_iter_values((0..n).map(|i| i128::from(i) * 101 - 4000))
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                ),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    (0..n).map(|i| i64::MIN / 2 + i * 1_000_003),
+                )),
+                Arc::new(Float64Array::from_iter_values(
+                    (0..n).map(|i| i as f64 / 3.0),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| ["AIR", "RAIL", "SHIP"][i as usize % 3]),
+                )),
+            ],
+        )
+        .unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &table, None).unwrap();
+        sink.push(2, StreamChunk::inserts(batch.clone())).unwrap();
+        let prepared = sink.prepare(2).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+
+        let file = File::open(sink.dir().join(file_name(2))).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let delta: Vec<String> = (builder.metadata().row_groups().iter())
+            .flat_map(|g| g.columns())
+            .filter(|c| c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED))
+            .map(|c| c.column_path().string())
+            .collect();
+        assert_eq!(delta, ["_epoch", "_op", "k", "day", "price", "at"]);
+        let read: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+        let read = arrow_select::concat::concat_batches(&read[0].schema(), &read).unwrap();
+        assert_eq!(read.num_rows(), n as usize);
+        for (i, field) in table.fields().iter().enumerate() {
+            let column = read.column_by_name(field.name()).unwrap();
+            let column = arrow_cast::cast(column, field.data_type()).unwrap();
+            assert_eq!(&column, batch.column(i), "{}", field.name());
         }
     }
 
