@@ -6,6 +6,8 @@
 //! [`MemoryStore`]. Both sides touch every value they return: the sum of `k` and `v` and of the
 //! string lengths of `s`, batch by batch. The run file lives in a `tempfile` directory and is
 //! read through the page cache, which is warm after the first iteration.
+//! `durable_store_views` scans the same rows with `s` as `Utf8View` (a replay's strings), on
+//! disk and uncached like `durable_store`.
 //!
 //! `durable_resume/256v_1M`: a store directory holding a 256-vnode upstream table of 1M rows
 //! and its backfill progress table with an InProgress row for each of the 256 vnodes (both
@@ -71,15 +73,24 @@ const COMMIT_EPOCHS: usize = 100;
 const PROGRESS_TABLE: &str = "t.backfill_progress";
 
 fn schema() -> SchemaRef {
+    schema_with(&DataType::Utf8)
+}
+
+/// The table's schema with `s` of type `strings` (`Utf8`, or `Utf8View` as a replay's).
+fn schema_with(strings: &DataType) -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
-        Field::new("s", DataType::Utf8, false),
+        Field::new("s", strings.clone(), false),
     ]))
 }
 
 fn desc(vnodes: usize) -> TableDesc {
-    TableDesc::new("t", schema(), vec![KeyColumn::asc("k")])
+    desc_with(&DataType::Utf8, vnodes)
+}
+
+fn desc_with(strings: &DataType, vnodes: usize) -> TableDesc {
+    TableDesc::new("t", schema_with(strings), vec![KeyColumn::asc("k")])
         .unwrap()
         .with_vnode_count(VnodeCount::new(vnodes).unwrap())
 }
@@ -111,10 +122,25 @@ fn rows(ids: impl Iterator<Item = u64>, rng: &mut StdRng) -> RecordBatch {
 
 /// Loads rows `0..n` in one epoch (chunks of 256k rows), commits it and compacts.
 fn load<S: StateStore>(store: &S, table: &mut S::Table, n: usize, epoch: u64, rng: &mut StdRng) {
+    load_with(&DataType::Utf8, store, table, n, epoch, rng)
+}
+
+/// [`load`] into a table whose `s` is of type `strings`.
+fn load_with<S: StateStore>(
+    strings: &DataType,
+    store: &S,
+    table: &mut S::Table,
+    n: usize,
+    epoch: u64,
+    rng: &mut StdRng,
+) {
     const CHUNK: usize = 1 << 18;
     for start in (0..n).step_by(CHUNK) {
         let end = (start + CHUNK).min(n);
         let batch = rows(start as u64..end as u64, rng);
+        let mut columns = batch.columns().to_vec();
+        columns[2] = arrow_cast::cast(&columns[2], strings).unwrap();
+        let batch = RecordBatch::try_new(schema_with(strings), columns).unwrap();
         table.write(&StreamChunk::inserts(batch)).unwrap();
     }
     table.seal(epoch).unwrap();
@@ -125,12 +151,16 @@ fn load<S: StateStore>(store: &S, table: &mut S::Table, n: usize, epoch: u64, rn
 fn touch(batch: &RecordBatch, acc: &mut (i64, usize)) {
     let k = batch.column(0).as_primitive::<Int64Type>();
     let v = batch.column(1).as_primitive::<Int64Type>();
-    let s = batch.column(2).as_string::<i32>();
     for (k, v) in k.values().iter().zip(v.values().iter()) {
         acc.0 = acc.0.wrapping_add(k.wrapping_add(*v));
     }
-    for s in s.iter().flatten() {
-        acc.1 += s.len();
+    match batch.column(2).as_string_opt::<i32>() {
+        Some(s) => acc.1 += s.iter().flatten().map(str::len).sum::<usize>(),
+        None => {
+            acc.1 += (batch.column(2).as_string_view().iter().flatten())
+                .map(str::len)
+                .sum::<usize>()
+        }
     }
 }
 
@@ -197,6 +227,37 @@ fn durable_scan(c: &mut Criterion) {
         b.iter(|| scan_touch(&cached_table, 1))
     });
     group.bench_function("memory_store", |b| b.iter(|| scan_touch(&memory_table, 1)));
+
+    // The same rows with `s` as string views (a replay's strings), uncached.
+    let views_dir = tempfile::tempdir().unwrap();
+    let views = DurableStore::open_with(
+        views_dir.path(),
+        RealIo::shared(),
+        DurableOptions {
+            block_cache: 0,
+            ..DurableOptions::default()
+        },
+    )
+    .unwrap();
+    views
+        .create_table(desc_with(&DataType::Utf8View, 1))
+        .unwrap();
+    let mut views_table = views
+        .table("t", VnodeBitmap::full(VnodeCount::new(1).unwrap()))
+        .unwrap();
+    load_with(
+        &DataType::Utf8View,
+        &views,
+        &mut views_table,
+        SCAN_ROWS,
+        1,
+        &mut StdRng::seed_from_u64(SEED),
+    );
+    views.compact().unwrap();
+    assert_eq!(scan_touch(&views_table, 1), SCAN_ROWS);
+    group.bench_function("durable_store_views", |b| {
+        b.iter(|| scan_touch(&views_table, 1))
+    });
     group.finish();
 }
 
@@ -614,10 +675,15 @@ impl Args {
 
 fn scan_ids() -> (String, Vec<String>) {
     let group = format!("durable_scan/1v_{}M", SCAN_ROWS / 1_000_000);
-    let ids = ["durable_store", "durable_store_cached", "memory_store"]
-        .iter()
-        .map(|f| format!("{group}/{f}"))
-        .collect();
+    let ids = [
+        "durable_store",
+        "durable_store_cached",
+        "memory_store",
+        "durable_store_views",
+    ]
+    .iter()
+    .map(|f| format!("{group}/{f}"))
+    .collect();
     (group, ids)
 }
 
