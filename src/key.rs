@@ -359,12 +359,58 @@ pub(crate) fn first_unordered(keys: &BinaryArray) -> Option<usize> {
     (1..keys.len()).find(|&i| keys.value(i - 1) >= keys.value(i))
 }
 
+/// The first 16 bytes of an encoded key as two big-endian integers, zero-padded: sorting
+/// by prefix, then by the whole key where prefixes tie, is sorting by key, with most
+/// comparisons one integer compare held in the sorted array instead of a `memcmp` through
+/// two indirections (a key of a few integer columns fits whole: lineitem's is 14 bytes).
+///
+/// `a < b` for two prefixes means the same for their keys; equal prefixes say nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct KeyPrefix([u64; 2]);
+
+impl KeyPrefix {
+    pub(crate) fn of(key: &[u8]) -> Self {
+        let mut bytes = [0u8; 16];
+        let n = key.len().min(16);
+        bytes[..n].copy_from_slice(&key[..n]);
+        let (high, low) = bytes.split_at(8);
+        let word = |bytes: &[u8]| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(bytes);
+            u64::from_be_bytes(word)
+        };
+        Self([word(high), word(low)])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow_array::{Float64Array, Int32Array, Int64Array, StringArray};
     use arrow_schema::Field;
     use std::cmp::Ordering;
+
+    #[test]
+    fn key_prefixes_order_like_their_keys() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let keys: Vec<Vec<u8>> = (0..400)
+            .map(|_| {
+                let len = rng.random_range(0..20);
+                (0..len)
+                    .map(|_| [0u8, 1, 0x7f, 0x80, 0xff][rng.random_range(0..5)])
+                    .collect()
+            })
+            .collect();
+        for a in &keys {
+            for b in &keys {
+                let (pa, pb) = (KeyPrefix::of(a), KeyPrefix::of(b));
+                if pa != pb {
+                    assert_eq!(pa.cmp(&pb), a.cmp(b), "{a:?} {b:?}");
+                }
+            }
+        }
+    }
 
     fn table() -> SchemaRef {
         Arc::new(Schema::new(vec![

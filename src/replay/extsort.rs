@@ -46,7 +46,7 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 use rayon::slice::ParallelSliceMut;
 
 use crate::error::{Error, Result, internal};
-use crate::key::PrimaryKey;
+use crate::key::{KeyPrefix, PrimaryKey};
 use crate::merge::{Entry, LoserTree};
 
 /// The default memory budget of [`Dataset::validate`](super::Dataset::validate) and
@@ -336,21 +336,27 @@ impl Drop for ExternalSorter {
 }
 
 /// The stable order of the rows of `batches` by key: `(batch, row)` pairs.
+///
+/// Each row is sorted with its [`KeyPrefix`]: most comparisons are integer compares in the
+/// sorted array, and only rows whose prefixes tie compare their whole keys.
 fn sort_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
     let too_many = || internal!("more than 2^32 rows or batches in one sort run");
-    let mut order = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
+    let mut order: Vec<(KeyPrefix, u32, u32)> =
+        Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
     for (b, k) in keys.iter().enumerate() {
         let b = u32::try_from(b).map_err(|_| too_many())?;
         let n = u32::try_from(k.len()).map_err(|_| too_many())?;
-        order.extend((0..n).map(|r| (b, r)));
+        order.extend((0..n).map(|r| (KeyPrefix::of(k.value(r as usize)), b, r)));
     }
     // `par_sort_by` is a stable merge sort: equal keys keep their push order.
-    order.par_sort_by(|&(ab, ar), &(bb, br)| {
-        keys[ab as usize]
-            .value(ar as usize)
-            .cmp(keys[bb as usize].value(br as usize))
+    order.par_sort_by(|&(ap, ab, ar), &(bp, bb, br)| {
+        ap.cmp(&bp).then_with(|| {
+            keys[ab as usize]
+                .value(ar as usize)
+                .cmp(keys[bb as usize].value(br as usize))
+        })
     });
-    Ok(order)
+    Ok(order.into_iter().map(|(_, b, r)| (b, r)).collect())
 }
 
 fn encode_all(key: &PrimaryKey, batches: &[RecordBatch]) -> Result<Vec<BinaryArray>> {

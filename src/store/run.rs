@@ -18,6 +18,7 @@ use rayon::prelude::*;
 
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Error, Result, internal};
+use crate::key::KeyPrefix;
 use crate::store::KeyedBatch;
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -146,8 +147,8 @@ pub(crate) fn build_runs(
         .into_par_iter()
         .enumerate()
         .filter(|(_, rows)| !rows.is_empty())
-        .map(|(vnode, mut rows)| {
-            let last = newest_per_key(&mut rows, &keys);
+        .map(|(vnode, rows)| {
+            let last = newest_per_key(&rows, &keys);
             let deleted = any_delete.then(|| {
                 BooleanBuffer::collect_bool(last.len(), |i| !ops[last[i] as usize].is_insert())
             });
@@ -211,7 +212,7 @@ pub(crate) fn build_sliced_runs(
     let sorted: Vec<(usize, Vec<u32>)> = groups
         .into_par_iter()
         .map(|(vnode, range)| {
-            let last = newest_per_key(&mut order[range].to_vec(), &keys);
+            let last = newest_per_key(&order[range], &keys);
             (vnode, last)
         })
         .collect();
@@ -673,13 +674,18 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
 /// Sorts `rows` (indices into `keys`, in arrival order) by key and keeps, of each run of
 /// equal keys, the last to arrive: the newest write of each key. The sort is stable, so
 /// equal keys keep their arrival order.
-fn newest_per_key(rows: &mut [u32], keys: &arrow_array::BinaryArray) -> Vec<u32> {
-    rows.sort_by(|&a, &b| keys.value(a as usize).cmp(keys.value(b as usize)));
-    let mut last: Vec<u32> = Vec::with_capacity(rows.len());
-    for (i, &row) in rows.iter().enumerate() {
-        let next_differs = rows
+fn newest_per_key(rows: &[u32], keys: &arrow_array::BinaryArray) -> Vec<u32> {
+    let key = |row: u32| keys.value(row as usize);
+    let mut sorted: Vec<(KeyPrefix, u32)> = rows
+        .iter()
+        .map(|&row| (KeyPrefix::of(key(row)), row))
+        .collect();
+    sorted.sort_by(|&(ap, a), &(bp, b)| ap.cmp(&bp).then_with(|| key(a).cmp(key(b))));
+    let mut last: Vec<u32> = Vec::with_capacity(sorted.len());
+    for (i, &(prefix, row)) in sorted.iter().enumerate() {
+        let next_differs = sorted
             .get(i + 1)
-            .is_none_or(|&next| keys.value(next as usize) != keys.value(row as usize));
+            .is_none_or(|&(next_prefix, next)| next_prefix != prefix || key(next) != key(row));
         if next_differs {
             last.push(row);
         }
