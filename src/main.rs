@@ -33,21 +33,20 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Keeps the memory mimalloc frees for reuse instead of returning it to the system a second
-/// later, unless `MIMALLOC_PURGE_DELAY` says otherwise.
+/// later, unless the environment sets the purge delay (`MIMALLOC_PURGE_DELAY`, in any of the
+/// spellings mimalloc reads).
 ///
 /// A replay frees and allocates batches, blocks and Parquet pages at a high rate; returned
 /// pages come back as page faults, each zeroing a fresh page (about a tenth of a scale-1
 /// replay's samples). Its memory is bounded by its budgets, so keeping the high-water mark
-/// costs little: chosen by measurement (BENCHMARKS.md, "Allocator": CPU 0.92-0.95x, peak
-/// memory +8%).
+/// costs little. Chosen by measurement (BENCHMARKS.md, "Fewer bytes for zstd, cheaper block
+/// reads, integer sorts, kept pages": scale-1 CPU 0.91-0.95x, peak memory +5-8%).
 #[expect(unsafe_code, reason = "setting a mimalloc option; see SAFETY")]
 fn keep_freed_memory() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-        return;
-    }
     // SAFETY: mimalloc's options are not synchronized: this runs first in `main`, before the
-    // program starts any thread. -1 is the documented "never purge" value of this option.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+    // program starts any thread. -1 is the documented "never purge" value of this option; a
+    // default does not override a value the environment set.
+    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, -1) }
 }
 
 /// Prints a line to stdout. A reader that went away (`backfill ... | head -1`) is not an

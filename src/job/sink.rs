@@ -309,17 +309,21 @@ fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize)
     }
 }
 
+/// Date64 as a Parquet DATE (so every reader sees a date), lists with Parquet's `element`.
+const COERCE_TYPES: bool = true;
+
 /// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`.
 ///
 /// Integer leaves (Parquet INT32 and INT64: integers, dates, times, timestamps, small
-/// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED`: a page holds bit-packed
+/// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED` (a nested leaf keeps its
+/// dictionary, delta-packed only if it falls back to plain pages): a page holds bit-packed
 /// differences instead of 4 or 8 bytes a value, so zstd gets a fraction of the bytes to
 /// compress. Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): zstd was over half of
 /// the sink's CPU, most of its input plain integers.
 fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<WriterProperties> {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .set_coerce_types(true); // Date64 as a Parquet DATE, so every reader sees a date.
+        .set_coerce_types(COERCE_TYPES);
     for (i, field) in schema.fields().iter().enumerate() {
         // Top-level leaves only; a nested column keeps the default (dictionary on).
         if !field.data_type().is_nested() {
@@ -329,8 +333,9 @@ fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<Wr
             );
         }
     }
+    // The leaf paths of the file the writer writes (with the same coercion).
     let parquet_schema = ArrowSchemaConverter::new()
-        .with_coerce_types(true)
+        .with_coerce_types(COERCE_TYPES)
         .convert(schema)?;
     for leaf in parquet_schema.columns() {
         if matches!(

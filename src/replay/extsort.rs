@@ -348,13 +348,16 @@ fn sort_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
         let n = u32::try_from(k.len()).map_err(|_| too_many())?;
         order.extend((0..n).map(|r| (KeyPrefix::of(k.value(r as usize)), b, r)));
     }
-    // `par_sort_by` is a stable merge sort: equal keys keep their push order.
-    order.par_sort_by(|&(ap, ab, ar), &(bp, bb, br)| {
-        ap.cmp(&bp).then_with(|| {
-            keys[ab as usize]
-                .value(ar as usize)
-                .cmp(keys[bb as usize].value(br as usize))
-        })
+    // Equal keys keep their push order, `(batch, row)`, the last tie-break: the result of a
+    // stable sort without a stable sort's scratch copy of `order`.
+    order.par_sort_unstable_by(|&(ap, ab, ar), &(bp, bb, br)| {
+        ap.cmp(&bp)
+            .then_with(|| {
+                keys[ab as usize]
+                    .value(ar as usize)
+                    .cmp(keys[bb as usize].value(br as usize))
+            })
+            .then((ab, ar).cmp(&(bb, br)))
     });
     Ok(order.into_iter().map(|(_, b, r)| (b, r)).collect())
 }

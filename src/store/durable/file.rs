@@ -173,19 +173,23 @@ fn decode_schema(file: &Schema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The decoded columns with the string columns of `fields` (decoded as binary views) back to
-/// string views.
+/// The decoded columns with the string columns of `fields` (stored as string views, decoded
+/// as binary views) back to string views; a dictionary of strings is stored as its values.
 fn string_views(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result<Vec<ArrayRef>> {
     (columns.iter().zip(fields))
-        .map(
-            |(column, field)| match (field.data_type(), column.data_type()) {
+        .map(|(column, field)| {
+            let stored = match field.data_type() {
+                DataType::Dictionary(_, values) => values.as_ref(),
+                data_type => data_type,
+            };
+            match (stored, column.data_type()) {
                 (DataType::Utf8View, DataType::BinaryView) => {
                     let array = column.as_binary_view().clone();
                     Ok(Arc::new(utf8_view(array)?) as ArrayRef)
                 }
                 _ => Ok(column.clone()),
-            },
-        )
+            }
+        })
         .collect()
 }
 
@@ -527,6 +531,7 @@ impl RunFileWriter {
             check,
             blocks: self.blocks,
             last_keys: encoded,
+            // Never `with_skip_validation`: `utf8_view` relies on the decoder's checks.
             decoder: FileDecoder::new(decode_schema(&self.schema), MetadataVersion::V5),
             obsolete: AtomicBool::new(false),
             cache: self.cache,
@@ -785,6 +790,7 @@ impl RunFile {
             id,
             path,
             io,
+            // Never `with_skip_validation`: `utf8_view` relies on the decoder's checks.
             decoder: FileDecoder::new(decode_schema(&expected), footer.version()),
             desc,
             handle: handle_cell,
@@ -966,7 +972,8 @@ impl RunFile {
         let n = batch.num_columns() - 1;
         let deleted = batch.column(n).as_boolean();
         let deleted = (deleted.true_count() > 0).then(|| deleted.values().clone());
-        let columns = string_views(&batch.columns()[..n], self.desc.schema().fields())?;
+        let columns = string_views(&batch.columns()[..n], self.desc.schema().fields())
+            .map_err(|e| corrupt(&self.path, format!("block {i}: {e}")))?;
         let columns = cast_columns(&columns, self.desc.schema().fields())?;
         let data = RecordBatch::try_new(self.desc.schema().clone(), columns)?;
         let keys = self.desc.pk().encode(&data)?;
@@ -1362,6 +1369,76 @@ mod tests {
             let read = arrow_select::concat::concat_batches(&schema, &read).unwrap();
             assert_eq!(read, batch, "{name}");
         }
+    }
+
+    #[test]
+    fn stored_string_views_are_checked_for_plain_and_dictionary_columns() {
+        let broken: ArrayRef = Arc::new(BinaryViewArray::from_iter_values([
+            b"fine".as_slice(),
+            b"out of line and broken \xc3",
+        ]));
+        let fine: ArrayRef = Arc::new(BinaryViewArray::from_iter_values([
+            "fine".as_bytes(),
+            "out of line, grüße".as_bytes(),
+        ]));
+        let dictionary =
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8View));
+        for data_type in [DataType::Utf8View, dictionary] {
+            let field = vec![Arc::new(Field::new("v", data_type.clone(), true))];
+            let err = string_views(std::slice::from_ref(&broken), &field).unwrap_err();
+            assert!(err.to_string().contains("UTF-8"), "{data_type}: {err}");
+            let read = string_views(std::slice::from_ref(&fine), &field).unwrap();
+            let strings: Vec<_> = read[0].as_string_view().iter().flatten().collect();
+            assert_eq!(strings, ["fine", "out of line, grüße"], "{data_type}");
+        }
+    }
+
+    #[test]
+    fn dictionary_string_columns_read_back_equal() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new(
+                "v",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8View)),
+                true,
+            ),
+        ]));
+        let desc = Arc::new(
+            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(1).unwrap()),
+        );
+        let n = 3000i64;
+        let values = arrow_array::StringViewArray::from_iter((0..n).map(|k| match k % 5 {
+            0 => None,
+            1 => Some("é"),
+            2 => Some("a mode out of line, and ascii"),
+            _ => Some("grüße aus köln, out of line"),
+        }));
+        let values = arrow_cast::cast(&values, schema.field(1).data_type()).unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..n)), values],
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut w =
+            RunFileWriter::create(RealIo::shared(), dir.path().join("d.arrow"), 1, desc).unwrap();
+        w.begin_run(VirtualNode::ZERO).unwrap();
+        w.write(&batch, None).unwrap();
+        let (file, _, _) = w.finish().unwrap();
+        let read: Vec<RecordBatch> = (0..file.blocks.len())
+            .map(|i| file.read_block(i).unwrap().data.batch)
+            .collect();
+        let read = arrow_select::concat::concat_batches(&schema, &read).unwrap();
+        let text = |b: &RecordBatch| {
+            let v = arrow_cast::cast(b.column(1), &DataType::Utf8).unwrap();
+            v.as_string::<i32>()
+                .iter()
+                .map(|s| s.map(str::to_string))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(text(&read), text(&batch));
     }
 
     #[test]
