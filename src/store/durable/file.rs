@@ -1273,6 +1273,29 @@ mod tests {
         assert!(err.to_string().contains("truncated"), "{err}");
     }
 
+    /// A one-vnode table of `schema`, keyed by its column `k`.
+    fn one_vnode_keyed_by_k(schema: &SchemaRef) -> Arc<TableDesc> {
+        Arc::new(
+            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(1).unwrap()),
+        )
+    }
+
+    /// `batch` written as one run of vnode 0 and read back, block by block, as one batch.
+    fn round_trip(desc: &Arc<TableDesc>, batch: &RecordBatch) -> RecordBatch {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.arrow");
+        let mut w = RunFileWriter::create(RealIo::shared(), path, 1, desc.clone()).unwrap();
+        w.begin_run(VirtualNode::ZERO).unwrap();
+        w.write(batch, None).unwrap();
+        let (file, _, _) = w.finish().unwrap();
+        let read: Vec<RecordBatch> = (0..file.blocks.len())
+            .map(|i| file.read_block(i).unwrap().data.batch)
+            .collect();
+        arrow_select::concat::concat_batches(desc.schema(), &read).unwrap()
+    }
+
     #[test]
     fn slices_of_view_columns_write_only_their_bytes() {
         let dir = tempfile::tempdir().unwrap();
@@ -1280,11 +1303,7 @@ mod tests {
             Field::new("k", DataType::Int64, false),
             Field::new("v", DataType::Utf8View, false),
         ]));
-        let desc = Arc::new(
-            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
-                .unwrap()
-                .with_vnode_count(VnodeCount::new(1).unwrap()),
-        );
+        let desc = one_vnode_keyed_by_k(&schema);
         let n = 50_000i64;
         let batch = RecordBatch::try_new(
             schema,
@@ -1315,11 +1334,7 @@ mod tests {
             Field::new("k", DataType::Int64, false),
             Field::new("v", DataType::Utf8View, true),
         ]));
-        let desc = Arc::new(
-            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
-                .unwrap()
-                .with_vnode_count(VnodeCount::new(1).unwrap()),
-        );
+        let desc = one_vnode_keyed_by_k(&schema);
         fn ascii(k: i64) -> Option<String> {
             match k % 4 {
                 0 => None,
@@ -1342,7 +1357,6 @@ mod tests {
             }),
         ];
         for (name, text) in texts {
-            let dir = tempfile::tempdir().unwrap();
             let n = 5000i64;
             let values = arrow_array::StringViewArray::from_iter((0..n).map(text));
             let batch = RecordBatch::try_new(
@@ -1353,21 +1367,7 @@ mod tests {
                 ],
             )
             .unwrap();
-            let mut w = RunFileWriter::create(
-                RealIo::shared(),
-                dir.path().join("v.arrow"),
-                1,
-                desc.clone(),
-            )
-            .unwrap();
-            w.begin_run(VirtualNode::ZERO).unwrap();
-            w.write(&batch, None).unwrap();
-            let (file, _, _) = w.finish().unwrap();
-            let read: Vec<RecordBatch> = (0..file.blocks.len())
-                .map(|i| file.read_block(i).unwrap().data.batch)
-                .collect();
-            let read = arrow_select::concat::concat_batches(&schema, &read).unwrap();
-            assert_eq!(read, batch, "{name}");
+            assert_eq!(round_trip(&desc, &batch), batch, "{name}");
         }
     }
 
@@ -1403,11 +1403,7 @@ mod tests {
                 true,
             ),
         ]));
-        let desc = Arc::new(
-            TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
-                .unwrap()
-                .with_vnode_count(VnodeCount::new(1).unwrap()),
-        );
+        let desc = one_vnode_keyed_by_k(&schema);
         let n = 3000i64;
         let values = arrow_array::StringViewArray::from_iter((0..n).map(|k| match k % 5 {
             0 => None,
@@ -1421,16 +1417,7 @@ mod tests {
             vec![Arc::new(Int64Array::from_iter_values(0..n)), values],
         )
         .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let mut w =
-            RunFileWriter::create(RealIo::shared(), dir.path().join("d.arrow"), 1, desc).unwrap();
-        w.begin_run(VirtualNode::ZERO).unwrap();
-        w.write(&batch, None).unwrap();
-        let (file, _, _) = w.finish().unwrap();
-        let read: Vec<RecordBatch> = (0..file.blocks.len())
-            .map(|i| file.read_block(i).unwrap().data.batch)
-            .collect();
-        let read = arrow_select::concat::concat_batches(&schema, &read).unwrap();
+        let read = round_trip(&desc, &batch);
         let text = |b: &RecordBatch| {
             let v = arrow_cast::cast(b.column(1), &DataType::Utf8).unwrap();
             v.as_string::<i32>()
