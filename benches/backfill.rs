@@ -125,8 +125,8 @@ fn run_executor(
             Kind::Arrangement(order) => order,
             Kind::NoShuffle => SnapshotOrder::Merged,
         },
-        rate_limit: None,
         progress_table: Some(format!("t.progress.{run}")),
+        ..BackfillConfig::default()
     };
     let owned = VnodeBitmap::full(VnodeCount::DEFAULT);
     let barrier = Barrier::new(EpochPair::new(2, 1), BarrierKind::Normal);
@@ -378,8 +378,8 @@ fn run_actors(
     let config = BackfillConfig {
         batch_size: BATCH,
         order,
-        rate_limit: None,
         progress_table: Some(format!("t.actors.{run}")),
+        ..BackfillConfig::default()
     };
     runtime.block_on(async move {
         let barrier = Barrier::new(EpochPair::new(2, 1), BarrierKind::Normal);

@@ -32,7 +32,9 @@ use arrangement_backfill::backfill::BackfillStats;
 use arrangement_backfill::backfill::reference::{
     ReferenceBackfill, ReferenceProgress, Row, changes_from_chunk, rows_from_batch,
 };
-use arrangement_backfill::backfill::{BackfillConfig, BackfillExecutor, SnapshotOrder};
+use arrangement_backfill::backfill::{
+    BackfillConfig, BackfillExecutor, PATCH_BUDGET, SnapshotOrder,
+};
 use arrangement_backfill::backfill::{ProgressCodec, VnodeProgress};
 use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, StreamChunk};
 use arrangement_backfill::store::{MemoryStore, MemoryTable, StateStore, StateTable};
@@ -57,6 +59,8 @@ struct Case {
     batch_size: usize,
     initial_rows: usize,
     seed: u64,
+    /// The executor's [`BackfillConfig::patch_budget`].
+    patch_budget: usize,
 }
 
 /// Both backfills over one upstream, driven in step.
@@ -110,6 +114,7 @@ impl Run {
         let config = BackfillConfig {
             batch_size: case.batch_size,
             order: SnapshotOrder::Merged,
+            patch_budget: case.patch_budget,
             ..BackfillConfig::default()
         };
         let exec = BackfillExecutor::arrangement(&store, "t", owned, config).unwrap();
@@ -366,7 +371,7 @@ fn random_key(shape: Shape, rng: &mut StdRng, domain: usize) -> Key {
     }
 }
 
-fn matrix(shape: Shape) -> usize {
+fn matrix(shape: Shape, patch_budget: usize) -> usize {
     let mut cases = 0;
     for vnodes in [1, 4, 256] {
         for batch_size in [1, 7, 1024] {
@@ -379,6 +384,7 @@ fn matrix(shape: Shape) -> usize {
                     initial_rows: [0, 25, 150, 40][seed as usize]
                         + [0, 4, 12, 2][seed as usize] * batch_size,
                     seed: 0xD1FF + seed * 101 + vnodes as u64 * 7 + batch_size as u64,
+                    patch_budget,
                 };
                 Run::new(case).run();
                 cases += 1;
@@ -390,10 +396,23 @@ fn matrix(shape: Shape) -> usize {
 
 #[test]
 fn arrangement_backfill_matches_reference_int64_key() {
-    assert_eq!(matrix(Shape::Int64), 36);
+    assert_eq!(matrix(Shape::Int64, PATCH_BUDGET), 36);
 }
 
 #[test]
 fn arrangement_backfill_matches_reference_composite_key() {
-    assert_eq!(matrix(Shape::Composite), 36);
+    assert_eq!(matrix(Shape::Composite, PATCH_BUDGET), 36);
+}
+
+/// Every touched scan opened afresh from the store (no patch fits a budget of 0).
+#[test]
+fn arrangement_backfill_matches_reference_when_scans_restart_from_the_store() {
+    assert_eq!(matrix(Shape::Int64, 0), 36);
+}
+
+/// A budget of a few rows' changes: touched scans are patched until the patches held pass
+/// it, then opened afresh, so both ways (and patches dropped by a restart) meet.
+#[test]
+fn arrangement_backfill_matches_reference_with_a_small_patch_budget() {
+    assert_eq!(matrix(Shape::Composite, 2048), 36);
 }

@@ -59,13 +59,18 @@ pub enum Action {
         /// Vnodes and the position to scan each after.
         plan: Vec<(VirtualNode, Option<Position>)>,
     },
-    /// Give these vnodes of the open snapshot fresh scans at `epoch`, dropping the rows
-    /// they read ahead; every other vnode keeps its scan ([`crate::merge::RestartInputs`]).
+    /// Bring the scans of these vnodes of the open snapshot to `epoch`: patch each with its
+    /// `changes`, or give it a fresh scan at `epoch` (dropping the rows it read ahead);
+    /// every other vnode keeps its scan ([`crate::merge::RestartInputs`]).
     RestartScans {
         /// The epoch to read at (the last barrier's `prev`).
         epoch: u64,
         /// Vnodes and the position to scan each after.
         plan: Vec<(VirtualNode, Option<Position>)>,
+        /// The buffered changes the filter dropped at this barrier, in order: exactly the
+        /// changes to the plan's vnodes after their positions, so a scan may instead be
+        /// kept and patched with them ([`crate::merge::RestartInputs::patch`]).
+        changes: Vec<StreamChunk>,
     },
     /// Drop the snapshot scans (paused, throttled to zero, or finished).
     StopSnapshot,
@@ -132,6 +137,8 @@ pub struct BackfillCore<T: Tracker> {
     /// Vnodes whose buffered changes the filter dropped at this barrier: their rows beyond
     /// their position changed, so their open scans are stale.
     touched: VnodeBitmap,
+    /// The changes the filter dropped at this barrier, in order.
+    dropped: Vec<StreamChunk>,
     stats: BackfillStats,
 }
 
@@ -142,6 +149,7 @@ impl<T: Tracker> BackfillCore<T> {
         Self {
             scans_open: false,
             touched,
+            dropped: Vec::new(),
             tracker,
             phase: Phase::AwaitingFirstBarrier,
             epoch: None,
@@ -317,6 +325,7 @@ impl<T: Tracker> BackfillCore<T> {
             }
         }
         self.touched = VnodeBitmap::empty(self.touched.count());
+        self.dropped.clear();
         if stop {
             self.phase = Phase::Stopped;
             actions.push(Action::StopSnapshot);
@@ -358,7 +367,8 @@ impl<T: Tracker> BackfillCore<T> {
         let filter = self.tracker.upstream_filter()?;
         let buffered = std::mem::take(&mut self.buffer);
         for chunk in &buffered {
-            let kept = filter.filter_noting_drops(chunk, &mut self.touched)?;
+            let (kept, dropped) = filter.split_noting_drops(chunk, &mut self.touched)?;
+            self.dropped.extend(dropped);
             self.stats.upstream_rows_emitted += kept.num_rows() as u64;
             self.stats.upstream_rows_dropped += (chunk.num_rows() - kept.num_rows()) as u64;
             if !kept.is_empty() {
@@ -390,8 +400,9 @@ impl<T: Tracker> BackfillCore<T> {
 
     /// Policy: how the snapshot goes on after a barrier. Paused or throttled to zero: the
     /// scans close. Scans open and nothing asks for new ones: only the vnodes the epoch's
-    /// changes touched beyond their position get fresh scans (nothing, if none was), so the
-    /// work of a barrier follows the changes, not the vnode count. Otherwise every vnode
+    /// changes touched beyond their position are brought to the new epoch, with the changes
+    /// the filter dropped (nothing, if none was), so the work of a barrier follows the
+    /// changes, not the vnode count. Otherwise every vnode
     /// still to scan gets a scan from its position.
     fn snapshot_action(&mut self, epoch: u64, reopen: bool) -> Option<Action> {
         if self.paused || self.rate_limit == Some(0) {
@@ -400,7 +411,12 @@ impl<T: Tracker> BackfillCore<T> {
         }
         if self.scans_open && !reopen {
             let plan = self.tracker.scan_plan_for(&self.touched);
-            return (!plan.is_empty()).then_some(Action::RestartScans { epoch, plan });
+            let changes = std::mem::take(&mut self.dropped);
+            return (!plan.is_empty()).then_some(Action::RestartScans {
+                epoch,
+                plan,
+                changes,
+            });
         }
         self.scans_open = true;
         Some(Action::StartSnapshot {
@@ -644,10 +660,17 @@ mod tests {
         let actions = core.on_barrier(barrier(4, BarrierKind::Normal)).unwrap();
         assert_eq!(emitted(&actions), "");
         match actions.last() {
-            Some(Action::RestartScans { epoch: 4, plan }) => {
+            Some(Action::RestartScans {
+                epoch: 4,
+                plan,
+                changes,
+            }) => {
                 assert_eq!(plan.len(), 1);
                 assert_eq!(plan[0].0, VirtualNode::ZERO);
                 assert!(plan[0].1.is_some());
+                // The dropped change travels with the restart, to patch the scan with.
+                let text: Vec<String> = changes.iter().map(|c| c.to_text().unwrap()).collect();
+                assert_eq!(text.concat(), "+ 9 9\n");
             }
             other => panic!("{other:?}"),
         }

@@ -20,12 +20,14 @@
 //! channel.
 //!
 //! Snapshot scans live across epochs. The first barrier opens one scan per vnode still to
-//! read and a merger over them ([`KWayMerge`] or [`RoundRobin`]); a later barrier gives fresh
-//! scans, at its epoch, only to the vnodes whose buffered changes the filter dropped (rows
-//! beyond their position changed: [`Action::RestartScans`]), and every other vnode goes on
-//! with its scan and the rows it read ahead, which are still the snapshot at the new epoch.
-//! A barrier's cost follows the epoch's changes, not the vnode count; rows read ahead are
-//! not read again. Scans are opened afresh after a pause or a new rate limit.
+//! read and a merger over them ([`KWayMerge`] or [`RoundRobin`]); at a later barrier only the
+//! vnodes whose buffered changes the filter dropped (rows beyond their position changed:
+//! [`Action::RestartScans`]) are touched: each keeps its scan and the rows it read ahead and
+//! merges those changes into them ([`RestartInputs::patch`]), or, once the patches held pass
+//! a budget, gets a fresh scan at the new epoch. Every other vnode goes on with its scan and
+//! the rows it read ahead, which are still the snapshot at the new epoch. A barrier's cost
+//! follows the epoch's changes, not the vnode count; nothing is read again. Scans are opened
+//! afresh after a pause or a new rate limit.
 //!
 //! The store commits nothing by itself: whoever collects the checkpoint barrier from the
 //! output (the job, or a test) calls [`StateStore::commit`] with its `prev` epoch.
@@ -40,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use hashbrown::HashMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -47,10 +50,10 @@ use crate::backfill::core::{Action, BackfillCore, BackfillStats};
 use crate::backfill::progress::ProgressCodec;
 use crate::backfill::stream::BackfillStream;
 use crate::backfill::tracker::{ArrangementTracker, Tracker};
-use crate::chunk::Message;
+use crate::chunk::{Message, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
-use crate::merge::{KWayMerge, RestartInputs, RoundRobin};
+use crate::merge::{KWayMerge, Patch, RestartInputs, RoundRobin};
 use crate::store::{StateStore, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -83,6 +86,10 @@ pub struct BackfillConfig {
     pub rate_limit: Option<u64>,
     /// The progress table's name; defaults to `<upstream>.backfill_progress`.
     pub progress_table: Option<String>,
+    /// Bytes of upstream changes the open scans may hold to merge into the rows they hand
+    /// out ([`RestartInputs::patch`]); a scan whose changes would pass it is opened afresh
+    /// from the store instead (0: always). Default [`PATCH_BUDGET`].
+    pub patch_budget: usize,
 }
 
 impl Default for BackfillConfig {
@@ -92,6 +99,7 @@ impl Default for BackfillConfig {
             order: SnapshotOrder::Merged,
             rate_limit: None,
             progress_table: None,
+            patch_budget: PATCH_BUDGET,
         }
     }
 }
@@ -366,7 +374,11 @@ where
                     self.exec.progress_table.seal(epoch)?;
                 }
                 Action::StartSnapshot { epoch, plan } => self.start_snapshot(epoch, plan)?,
-                Action::RestartScans { epoch, plan } => self.restart_scans(epoch, plan)?,
+                Action::RestartScans {
+                    epoch,
+                    plan,
+                    changes,
+                } => self.restart_scans(epoch, plan, changes)?,
                 Action::StopSnapshot => self.merger = None,
                 Action::SetRateLimit(rate) => self.limiter.set_rate(rate),
                 Action::Finished | Action::Stop => {
@@ -437,27 +449,49 @@ where
         Ok(())
     }
 
-    /// Gives the vnodes of `plan` fresh scans at `epoch` in the open merger; the others keep
-    /// theirs (see [`RestartInputs`]).
+    /// Brings the scans of the vnodes of `plan` to `epoch` in the open merger: each keeps its
+    /// scan and merges the changes the filter dropped for it (`changes`), or, past the patch
+    /// budget, gets a fresh scan at `epoch`; the other vnodes keep theirs as they are (see
+    /// [`RestartInputs`]).
     fn restart_scans(
         &mut self,
         epoch: u64,
         plan: Vec<(VirtualNode, Option<Position>)>,
+        changes: Vec<StreamChunk>,
     ) -> Result<()> {
         let merger = self
             .merger
             .as_mut()
             .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
+        let mut patches: HashMap<VirtualNode, Patch> = Patch::by_vnode(&self.exec.desc, &changes)?
+            .into_iter()
+            .collect();
+        drop(changes);
         for (vnode, pos) in plan {
-            let scan = self
-                .exec
-                .replicated
-                .scan(vnode, pos.as_ref(), epoch, self.read_size)?;
-            merger.restart(vnode, scan, pos.as_ref())?;
+            match patches.remove(&vnode) {
+                Some(patch)
+                    if merger.patched_bytes() + patch.bytes() <= self.exec.config.patch_budget =>
+                {
+                    merger.patch(vnode, patch, pos.as_ref())?;
+                }
+                _ => {
+                    let scan =
+                        self.exec
+                            .replicated
+                            .scan(vnode, pos.as_ref(), epoch, self.read_size)?;
+                    merger.restart(vnode, scan, pos.as_ref())?;
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// The default [`BackfillConfig::patch_budget`]: the most memory the open merger's patches
+/// (changes not yet merged into the rows handed out) may hold. A vnode whose patch would
+/// pass it gets a fresh scan from the store instead, which keeps those changes in its own
+/// bounded layers.
+pub const PATCH_BUDGET: usize = 64 << 20;
 
 /// The smallest per-vnode read of the k-way merge.
 const MIN_MERGE_READ: usize = 64;

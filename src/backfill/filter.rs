@@ -169,23 +169,27 @@ impl UpstreamFilter {
         Ok(self.mask_with_vnodes(chunk)?.0)
     }
 
-    /// The rows of `chunk` to emit, with update pairs repaired, and the vnodes of the rows
-    /// it drops added to `dropped`: the vnodes whose snapshot beyond their position the
-    /// chunk changed (the backfill restarts their scans at the barrier).
-    pub fn filter_noting_drops(
+    /// The rows of `chunk` to emit, with update pairs repaired, and the rows it drops (the
+    /// same repair: a dropped half of a pair whose other half is kept is a plain Delete or
+    /// Insert), their vnodes added to `dropped`: the rows change the snapshot beyond their
+    /// vnode's position (the backfill patches or restarts those scans at the barrier).
+    pub fn split_noting_drops(
         &self,
         chunk: &StreamChunk,
         dropped: &mut VnodeBitmap,
-    ) -> Result<StreamChunk> {
+    ) -> Result<(StreamChunk, Option<StreamChunk>)> {
         let (mask, vnodes) = self.mask_with_vnodes(chunk)?;
-        if mask.true_count() < mask.len() {
-            for (i, vnode) in vnodes.iter().enumerate() {
-                if !mask.value(i) {
-                    dropped.insert(*vnode)?;
-                }
+        if mask.true_count() == mask.len() {
+            return Ok((chunk.clone(), None));
+        }
+        for (i, vnode) in vnodes.iter().enumerate() {
+            if !mask.value(i) {
+                dropped.insert(*vnode)?;
             }
         }
-        chunk.filter(&mask)
+        // The mask has no NULLs (`mask_with_vnodes` builds it without).
+        let drop = BooleanArray::new(!mask.values(), None);
+        Ok((chunk.filter(&mask)?, Some(chunk.filter(&drop)?)))
     }
 
     /// The mask, and the vnode of every row.

@@ -38,7 +38,7 @@ pub(crate) mod stream;
 pub(crate) mod tracker;
 
 pub use self::core::{Action, BackfillCore, BackfillStats, Phase, SLOWEST_VNODES};
-pub use executor::{BackfillConfig, BackfillExecutor, MAX_BATCH_SIZE, SnapshotOrder};
+pub use executor::{BackfillConfig, BackfillExecutor, MAX_BATCH_SIZE, PATCH_BUDGET, SnapshotOrder};
 pub use filter::UpstreamFilter;
 pub use no_shuffle::NoShuffleTracker;
 pub use progress::{ProgressCodec, ProgressMap, SlowVnode, VnodeProgress, VnodeStateCounts};

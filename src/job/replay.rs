@@ -665,7 +665,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             batch_size: self.options.batch_size,
             order: self.options.order,
             rate_limit: self.options.rate_limit,
-            progress_table: None,
+            ..BackfillConfig::default()
         };
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let actors = self.options.parallelism.min(self.desc.vnode_count().get());

@@ -187,6 +187,12 @@ impl OutputBuilder {
         }
     }
 
+    /// The current batch of `input`, if it has one.
+    pub fn current_batch(&self, input: usize) -> Option<&KeyedBatch> {
+        let id = (*self.current.get(input)?)?;
+        self.slots.get(id)?.as_ref().map(|slot| &slot.batch)
+    }
+
     /// Rows recorded for the output being built.
     pub fn len(&self) -> usize {
         self.indices.len()

@@ -16,6 +16,7 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result, internal};
 use crate::key::{Position, first_unordered};
+use crate::merge::patch::Patch;
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -28,6 +29,10 @@ pub(crate) struct MergeInput<S> {
     /// The scan a restart replaced, kept until the new one has read: what it holds loaded
     /// (a block the new scan starts in, say) stays where a store's cache can find it.
     retired: Option<S>,
+    /// Rows handed out but not consumed when a patch came, handed out again first.
+    unread: Option<KeyedBatch>,
+    /// Changes not yet merged into the rows handed out (see `patch.rs`).
+    patch: Option<Patch>,
     /// The last key handed out (reused buffer); meaningful when `seen_rows`.
     last_key: Vec<u8>,
     seen_rows: bool,
@@ -39,6 +44,8 @@ impl<S: SnapshotScan> MergeInput<S> {
             vnode,
             scan: Some(scan),
             retired: None,
+            unread: None,
+            patch: None,
             last_key: Vec::new(),
             seen_rows: false,
         }
@@ -51,8 +58,54 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// Replaces the scan with `scan`, which yields the vnode's rows strictly after `after`
     /// (the key of its last row handed out and emitted; `None` when none was). The order
     /// check continues from `after`: rows read ahead of it and not emitted may come again.
-    pub fn restart(&mut self, scan: S, after: Option<&Position>) {
+    /// `patched_bytes` is the merger's running total of [`Self::patch_bytes`].
+    pub fn restart(&mut self, scan: S, after: Option<&Position>, patched_bytes: &mut usize) {
+        *patched_bytes -= self.patch_bytes();
         self.retired = self.scan.replace(scan);
+        self.unread = None;
+        self.patch = None;
+        self.continue_after(after);
+    }
+
+    /// Keeps the scan and merges `patch` (changes to the vnode's rows strictly after
+    /// `after`, its position) into the rows it hands out from now on, starting with
+    /// `unread`: the rows it handed out that were not consumed, in order, all after `after`.
+    /// `patched_bytes` is the merger's running total of [`Self::patch_bytes`].
+    pub fn patch(
+        &mut self,
+        unread: Option<KeyedBatch>,
+        patch: Patch,
+        after: Option<&Position>,
+        patched_bytes: &mut usize,
+    ) -> Result<()> {
+        if let Some(unread) = unread.filter(|b| !b.is_empty()) {
+            if self.unread.is_some() {
+                return Err(internal!(
+                    "vnode {} gave back rows twice without reading",
+                    self.vnode
+                ));
+            }
+            self.unread = Some(unread);
+        }
+        *patched_bytes -= self.patch_bytes();
+        let patch = match self.patch.take() {
+            Some(older) => older.then(patch)?,
+            None => patch,
+        };
+        self.patch = (!patch.is_empty()).then_some(patch);
+        *patched_bytes += self.patch_bytes();
+        self.continue_after(after);
+        Ok(())
+    }
+
+    /// The memory held by changes not yet merged.
+    pub fn patch_bytes(&self) -> usize {
+        self.patch.as_ref().map_or(0, Patch::bytes)
+    }
+
+    /// The order check continues from `after`: rows read ahead of it and not emitted may
+    /// come again.
+    fn continue_after(&mut self, after: Option<&Position>) {
         self.last_key.clear();
         if let Some(after) = after {
             self.last_key.extend_from_slice(after.as_bytes());
@@ -60,10 +113,10 @@ impl<S: SnapshotScan> MergeInput<S> {
         self.seen_rows = after.is_some();
     }
 
-    /// True once the scan returned `None`.
+    /// True once the scan returned `None` and nothing is left to hand out.
     #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
-        self.scan.is_none()
+        self.scan.is_none() && self.unread.is_none() && self.patch.is_none()
     }
 
     /// The next non-empty batch, checked, or `None` when the scan is exhausted (then, and on
@@ -73,8 +126,11 @@ impl<S: SnapshotScan> MergeInput<S> {
         &mut self,
         table: &str,
         schema: &mut Option<SchemaRef>,
+        patched_bytes: &mut usize,
     ) -> Result<Option<KeyedBatch>> {
-        self.next_batch_with(table, schema, |batch| first_unordered(&batch.keys))
+        self.next_batch_with(table, schema, patched_bytes, |batch| {
+            first_unordered(&batch.keys)
+        })
     }
 
     /// Like [`MergeInput::next_batch`], with `unordered` finding the first row of a batch
@@ -85,16 +141,25 @@ impl<S: SnapshotScan> MergeInput<S> {
         &mut self,
         table: &str,
         schema: &mut Option<SchemaRef>,
+        patched_bytes: &mut usize,
         unordered: impl Fn(&KeyedBatch) -> Option<usize>,
     ) -> Result<Option<KeyedBatch>> {
         loop {
-            let Some(scan) = self.scan.as_mut() else {
-                return Ok(None);
+            let next = match self.unread.take() {
+                Some(unread) => Some(unread),
+                None => self.scan_next()?,
             };
-            let next = scan.next_batch()?;
-            self.retired = None;
+            let next = match self.patch.take() {
+                None => next,
+                Some(patch) => {
+                    *patched_bytes -= patch.bytes();
+                    let (rows, rest) = patch.apply(next)?;
+                    self.patch = rest;
+                    *patched_bytes += self.patch_bytes();
+                    rows
+                }
+            };
             let Some(batch) = next else {
-                self.scan = None;
                 return Ok(None);
             };
             if schema.is_none() {
@@ -114,6 +179,19 @@ impl<S: SnapshotScan> MergeInput<S> {
             self.check_order(table, &batch, unordered(&batch))?;
             return Ok(Some(batch));
         }
+    }
+
+    /// The scan's next batch; `None` once it is exhausted (and dropped).
+    fn scan_next(&mut self) -> Result<Option<KeyedBatch>> {
+        let Some(scan) = self.scan.as_mut() else {
+            return Ok(None);
+        };
+        let next = scan.next_batch()?;
+        self.retired = None;
+        if next.is_none() {
+            self.scan = None;
+        }
+        Ok(next)
     }
 
     /// Checks `batch` follows the batch before it; `unordered` is its first row out of order.
@@ -151,7 +229,7 @@ mod tests {
     fn drain(input: &mut MergeInput<VecScan>) -> Result<Vec<usize>> {
         let mut schema = None;
         let mut sizes = Vec::new();
-        while let Some(b) = input.next_batch("t", &mut schema)? {
+        while let Some(b) = input.next_batch("t", &mut schema, &mut 0)? {
             sizes.push(b.num_rows());
         }
         Ok(sizes)

@@ -41,6 +41,7 @@ use crate::merge::cursor::{
 };
 use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
+use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
@@ -173,6 +174,14 @@ impl<S: SnapshotScan> RestartInputs<S> for KWayMerge<S> {
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
         with_merge!(&mut self.engine, m => m.restart(vnode, scan, after))
     }
+
+    fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
+        with_merge!(&mut self.engine, m => m.patch(vnode, patch, after))
+    }
+
+    fn patched_bytes(&self) -> usize {
+        with_merge!(&self.engine, m => m.patched_bytes)
+    }
 }
 
 /// Where a merge is in its life.
@@ -205,6 +214,8 @@ struct Merge<S, C: Cursor> {
     stale: bool,
     /// The input of each vnode.
     index: HashMap<VirtualNode, usize>,
+    /// The memory held by the inputs' patches not yet merged.
+    patched_bytes: usize,
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
@@ -236,6 +247,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             schema: None,
             exhausted: Vec::new(),
             stale: false,
+            patched_bytes: 0,
         }
     }
 
@@ -263,16 +275,41 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     /// its loaded rows are dropped, its first batch is fetched now (or its exhaustion noted
     /// for the next output), and the tree is rebuilt before the next output.
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
+        let input = self.input_between_outputs(vnode, "restart")?;
+        self.inputs[input].restart(scan, after, &mut self.patched_bytes);
+        self.refetch(input)
+    }
+
+    /// Merges `patch` into the rows of `vnode` after `after`, between outputs: the rows its
+    /// cursor has not passed go back to its input, which hands them out again with the
+    /// patch applied; the tree is rebuilt before the next output.
+    fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
+        let input = self.input_between_outputs(vnode, "patch")?;
+        let unread = match (&self.cursors[input], self.builder.current_batch(input)) {
+            (Some(cursor), Some(batch)) => Some(batch.slice(cursor.row(), cursor.remaining())),
+            _ => None,
+        };
+        self.inputs[input].patch(unread, patch, after, &mut self.patched_bytes)?;
+        self.refetch(input)
+    }
+
+    /// The input of `vnode`, checked to be one, while no output is being built.
+    fn input_between_outputs(&self, vnode: VirtualNode, what: &str) -> Result<usize> {
         let input = *self
             .index
             .get(&vnode)
-            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))?;
+            .ok_or_else(|| internal!("{what} of vnode {vnode}, which is not a merge input"))?;
         if self.builder.len() != 0 {
             return Err(internal!(
-                "restart of vnode {vnode} while an output is being built"
+                "{what} of vnode {vnode} while an output is being built"
             ));
         }
-        self.inputs[input].restart(scan, after);
+        Ok(input)
+    }
+
+    /// Drops the cursor of a restarted or patched input and fetches its next batch now (or
+    /// notes its exhaustion for the next output); the tree is rebuilt before the next output.
+    fn refetch(&mut self, input: usize) -> Result<()> {
         if let Phase::Unstarted = self.phase {
             return Ok(());
         }
@@ -362,7 +399,13 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     fn fetch(&mut self, input: usize) -> Result<()> {
         let config = &self.config;
         let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
-        match self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)? {
+        let next = self.inputs[input].next_batch_with(
+            &self.table,
+            &mut self.schema,
+            &mut self.patched_bytes,
+            unordered,
+        )?;
+        match next {
             Some(batch) => {
                 if C::admit(&mut self.config, &batch) {
                     self.stale = true;

@@ -12,8 +12,8 @@
 //! - [`RoundRobin`], the unordered per-vnode mode: whole input batches, zero-copy, one input
 //!   after the other.
 //!
-//! Both live across epochs ([`RestartInputs`]): at a barrier the backfill gives fresh scans
-//! only to the vnodes whose remaining rows the epoch's upstream changes touched.
+//! Both live across epochs ([`RestartInputs`]): at a barrier the backfill patches (or gives
+//! fresh scans to) only the vnodes whose remaining rows the epoch's upstream changes touched.
 //!
 //! ```text
 //!  vnode 3: [1 4 9] [12 15] --.
@@ -26,6 +26,7 @@
 //!
 //! One file per job, as in DataFusion's `sorts/`:
 //! - `input.rs`: one input: pulls non-empty batches, checks key order, knows when it is done;
+//! - `patch.rs`: an epoch's changes merged into an input's rows instead of a fresh scan;
 //! - `cursor/`: how the heads of two inputs compare (`row.rs`: encoded keys, `primitive.rs`:
 //!   native integers);
 //! - `loser_tree.rs`: which input holds the smallest head;
@@ -86,6 +87,7 @@ mod cursor;
 mod input;
 mod kway;
 mod loser_tree;
+mod patch;
 mod round_robin;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -93,6 +95,7 @@ pub(crate) mod testing;
 pub use cursor::CursorKind;
 pub use kway::KWayMerge;
 pub(crate) use loser_tree::{Entry, LoserTree};
+pub use patch::Patch;
 pub use round_robin::RoundRobin;
 
 use crate::error::Result;
@@ -131,11 +134,12 @@ pub trait SnapshotMerger: Send {
 }
 
 /// A merger that lives across epochs: between two outputs, the input of one vnode can be
-/// given a fresh scan, while every other input keeps its scan and the rows it read ahead.
+/// given a fresh scan or a patch of changes, while every other input keeps its scan and the
+/// rows it read ahead.
 ///
 /// The backfill keeps one merger for as long as the snapshot is read and, at each barrier,
-/// restarts only the vnodes whose rows beyond their position the epoch's upstream changes
-/// touched (the ones whose changes the filter dropped). An untouched vnode's rows after its
+/// patches (or restarts) only the vnodes whose rows beyond their position the epoch's
+/// upstream changes touched (the ones whose changes the filter dropped). An untouched vnode's rows after its
 /// position are the same at the new epoch as at the epoch its scan was opened at, so its
 /// scan stays valid; restarting it would only read the same rows again. The output is the
 /// one a merger opened afresh at the barrier would give: each input's head is its first row
@@ -146,4 +150,16 @@ pub trait RestartInputs<S: SnapshotScan>: SnapshotMerger {
     /// emitted row (`None` when none was). Rows read ahead and not emitted are dropped.
     /// Only between outputs.
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()>;
+
+    /// Keeps the scan of `vnode` (one of the merger's inputs) and the rows it read ahead,
+    /// and merges `patch` into them: changes to the vnode's rows strictly after `after`, its
+    /// position (the key of its last emitted row, `None` when none was). What the input
+    /// hands out from then on is what a scan restarted at the epoch after the changes would:
+    /// the changes of a barrier the filter dropped are exactly those. Patches of several
+    /// barriers stack, the newest winning. Only between outputs.
+    fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()>;
+
+    /// The memory held by patches not yet merged into rows handed out (the backfill bounds
+    /// it, restarting scans instead when a patch would pass its budget).
+    fn patched_bytes(&self) -> usize;
 }

@@ -31,6 +31,7 @@ use crate::error::{Result, internal};
 use crate::key::Position;
 use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
+use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeAdvance};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
@@ -55,6 +56,8 @@ pub struct RoundRobin<S: SnapshotScan> {
     schema: Option<SchemaRef>,
     /// An output gathers batches of successive inputs up to this many rows (1: one batch).
     output_rows: usize,
+    /// The memory held by the inputs' patches not yet merged.
+    patched_bytes: usize,
 }
 
 impl<S: SnapshotScan> RoundRobin<S> {
@@ -77,6 +80,7 @@ impl<S: SnapshotScan> RoundRobin<S> {
             table: String::new(),
             schema: None,
             output_rows: 1,
+            patched_bytes: 0,
         }
     }
 
@@ -113,7 +117,11 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
                 Some(batch) => batch,
-                None => match input.next_batch(&self.table, &mut self.schema)? {
+                None => match input.next_batch(
+                    &self.table,
+                    &mut self.schema,
+                    &mut self.patched_bytes,
+                )? {
                     Some(batch) => batch,
                     None => {
                         self.queued[turn] = false;
@@ -129,7 +137,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                 break;
             }
             // Look ahead, so the vnode's exhaustion travels with its last rows.
-            match input.next_batch(&self.table, &mut self.schema)? {
+            match input.next_batch(&self.table, &mut self.schema, &mut self.patched_bytes)? {
                 Some(next) => {
                     self.ahead[turn] = Some(next);
                     self.turns.push_back(turn);
@@ -175,17 +183,43 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
 
 impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
-        let input = *self
-            .index
-            .get(&vnode)
-            .ok_or_else(|| internal!("restart of vnode {vnode}, which is not a merge input"))?;
-        self.inputs[input].restart(scan, after);
+        let input = self.input(vnode, "restart")?;
+        self.inputs[input].restart(scan, after, &mut self.patched_bytes);
         self.ahead[input] = None;
+        self.requeue(input);
+        Ok(())
+    }
+
+    fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
+        let input = self.input(vnode, "patch")?;
+        // The batch fetched ahead goes back to the input, to be handed out patched.
+        let unread = self.ahead[input].take();
+        self.inputs[input].patch(unread, patch, after, &mut self.patched_bytes)?;
+        self.requeue(input);
+        Ok(())
+    }
+
+    fn patched_bytes(&self) -> usize {
+        self.patched_bytes
+    }
+}
+
+impl<S: SnapshotScan> RoundRobin<S> {
+    /// The input of `vnode`, checked to be one.
+    fn input(&self, vnode: VirtualNode, what: &str) -> Result<usize> {
+        self.index
+            .get(&vnode)
+            .copied()
+            .ok_or_else(|| internal!("{what} of vnode {vnode}, which is not a merge input"))
+    }
+
+    /// Puts an input found exhausted back in turn (its restarted or patched scan may have
+    /// rows again).
+    fn requeue(&mut self, input: usize) {
         if !self.queued[input] {
             self.queued[input] = true;
             self.turns.push_back(input);
         }
-        Ok(())
     }
 }
 

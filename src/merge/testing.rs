@@ -15,7 +15,7 @@ use rand::seq::IndexedRandom;
 
 use crate::error::Result;
 use crate::key::{KeyColumn, PrimaryKey};
-use crate::merge::{MergeOutput, SnapshotMerger};
+use crate::merge::{MergeOutput, Patch, SnapshotMerger};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -425,8 +425,9 @@ fn random_scan(rng: &mut StdRng, pk: &PrimaryKey, keys: &[i64]) -> VecScan {
 
 /// A differential test of [`RestartInputs`]: a merger over `k` vnodes (vnode `v` holds keys
 /// `≡ v mod k`) is drained a few outputs at a time; between rounds random vnodes get fresh
-/// scans of new rows after their position (the rows an epoch's changes left there). After
-/// each restart, what the merger emits must be what a merger opened afresh on every vnode's
+/// scans of new rows after their position (the rows an epoch's changes left there), and
+/// others patches of upserts and deletes after their position. After each restart or
+/// patch, what the merger emits must be what a merger opened afresh on every vnode's
 /// remaining rows would emit: the sorted remaining rows (`ordered`), or per vnode its
 /// remaining rows in order. Every row of the final table is emitted exactly once, and each
 /// vnode is reported exhausted after its last row.
@@ -516,15 +517,35 @@ pub(crate) fn check_restarts<M: crate::merge::RestartInputs<VecScan>>(
             break;
         }
         for v in 0..k {
+            let after = pos[v].map(|p| int_rows(&pk, &[p]).last_position().unwrap());
+            let vnode = VirtualNode::new(v as u16);
             if rng.random_bool(0.3) {
                 let keys = class(v, &mut rng, pos[v]);
                 remaining[v] = keys.iter().copied().collect();
                 reported[v] = false;
                 let scan = random_scan(&mut rng, &pk, &keys);
-                let after = pos[v].map(|p| int_rows(&pk, &[p]).last_position().unwrap());
-                merger
-                    .restart(VirtualNode::new(v as u16), scan, after.as_ref())
-                    .unwrap();
+                merger.restart(vnode, scan, after.as_ref()).unwrap();
+            } else if rng.random_bool(0.4) {
+                // Changes after the position: upserts of rows there or new, and deletes.
+                let keys = class(v, &mut rng, pos[v]);
+                let deleted: Vec<bool> = keys.iter().map(|_| rng.random_bool(0.4)).collect();
+                let mut rows: std::collections::BTreeSet<i64> =
+                    remaining[v].iter().copied().collect();
+                for (key, &delete) in keys.iter().zip(&deleted) {
+                    if delete {
+                        rows.remove(key);
+                    } else {
+                        rows.insert(*key);
+                    }
+                }
+                remaining[v] = rows.into_iter().collect();
+                reported[v] = false;
+                let patch = Patch::new(
+                    rows_named_by_key(&pk, &keys),
+                    Some(arrow_buffer::BooleanBuffer::from(deleted)),
+                )
+                .unwrap();
+                merger.patch(vnode, patch, after.as_ref()).unwrap();
             }
         }
     }

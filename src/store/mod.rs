@@ -32,7 +32,7 @@
 pub mod durable;
 pub mod io;
 mod memory;
-mod run;
+pub(crate) mod run;
 
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};

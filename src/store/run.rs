@@ -114,7 +114,7 @@ pub(crate) fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
 }
 
 /// The first index in `0..len` where `pred` is false (`pred` must be monotone).
-fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
+pub(crate) fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
     let (mut lo, mut hi) = (0, len);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
