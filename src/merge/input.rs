@@ -16,7 +16,7 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result, internal};
 use crate::key::{Position, first_unordered};
-use crate::merge::patch::Patch;
+use crate::merge::patch::{Patch, Patches};
 use crate::store::{KeyedBatch, SnapshotScan};
 use crate::vnode::VirtualNode;
 
@@ -32,7 +32,7 @@ pub(crate) struct MergeInput<S> {
     /// Rows handed out but not consumed when a patch came, handed out again first.
     unread: Option<KeyedBatch>,
     /// Changes not yet merged into the rows handed out (see `patch.rs`).
-    patch: Option<Patch>,
+    patches: Patches,
     /// The last key handed out (reused buffer); meaningful when `seen_rows`.
     last_key: Vec<u8>,
     seen_rows: bool,
@@ -45,7 +45,7 @@ impl<S: SnapshotScan> MergeInput<S> {
             scan: Some(scan),
             retired: None,
             unread: None,
-            patch: None,
+            patches: Patches::default(),
             last_key: Vec::new(),
             seen_rows: false,
         }
@@ -63,7 +63,7 @@ impl<S: SnapshotScan> MergeInput<S> {
         *patched_bytes -= self.patch_bytes();
         self.retired = self.scan.replace(scan);
         self.unread = None;
-        self.patch = None;
+        self.patches = Patches::default();
         self.continue_after(after);
     }
 
@@ -88,11 +88,7 @@ impl<S: SnapshotScan> MergeInput<S> {
             self.unread = Some(unread);
         }
         *patched_bytes -= self.patch_bytes();
-        let patch = match self.patch.take() {
-            Some(older) => older.then(patch)?,
-            None => patch,
-        };
-        self.patch = (!patch.is_empty()).then_some(patch);
+        self.patches.push(patch)?;
         *patched_bytes += self.patch_bytes();
         self.continue_after(after);
         Ok(())
@@ -100,7 +96,7 @@ impl<S: SnapshotScan> MergeInput<S> {
 
     /// The memory held by changes not yet merged.
     pub fn patch_bytes(&self) -> usize {
-        self.patch.as_ref().map_or(0, Patch::bytes)
+        self.patches.bytes()
     }
 
     /// The order check continues from `after`: rows read ahead of it and not emitted may
@@ -116,7 +112,7 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// True once the scan returned `None` and nothing is left to hand out.
     #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
-        self.scan.is_none() && self.unread.is_none() && self.patch.is_none()
+        self.scan.is_none() && self.unread.is_none() && self.patches.is_empty()
     }
 
     /// The next non-empty batch, checked, or `None` when the scan is exhausted (then, and on
@@ -149,15 +145,13 @@ impl<S: SnapshotScan> MergeInput<S> {
                 Some(unread) => Some(unread),
                 None => self.scan_next()?,
             };
-            let next = match self.patch.take() {
-                None => next,
-                Some(patch) => {
-                    *patched_bytes -= patch.bytes();
-                    let (rows, rest) = patch.apply(next)?;
-                    self.patch = rest;
-                    *patched_bytes += self.patch_bytes();
-                    rows
-                }
+            let next = if self.patches.is_empty() {
+                next
+            } else {
+                *patched_bytes -= self.patch_bytes();
+                let rows = self.patches.apply(next)?;
+                *patched_bytes += self.patch_bytes();
+                rows
             };
             let Some(batch) = next else {
                 return Ok(None);

@@ -27,7 +27,7 @@ use crate::chunk::StreamChunk;
 use crate::error::{Result, internal};
 use crate::key::first_unordered;
 use crate::store::KeyedBatch;
-use crate::store::run::{build_sliced_runs, partition_point};
+use crate::store::run::{build_sliced_runs, newest_tier, partition_point};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -116,10 +116,6 @@ impl Patch {
         self.rows.keys.value(i)
     }
 
-    fn is_tombstone(&self, i: usize) -> bool {
-        self.deleted.as_ref().is_some_and(|d| d.value(i))
-    }
-
     /// Rows `from..`, zero-copy.
     fn tail(&self, from: usize) -> Self {
         let len = self.len() - from;
@@ -130,95 +126,171 @@ impl Patch {
         }
     }
 
-    /// This patch followed by `newer`: for a key in both, `newer`'s change wins. Tombstones
-    /// are kept (they still hide rows the scan has to hand out).
-    pub(crate) fn then(self, newer: Patch) -> Result<Patch> {
-        if self.is_empty() {
-            return Ok(newer);
-        }
-        if newer.is_empty() {
-            return Ok(self);
-        }
-        let (mut i, mut j) = (0, 0);
-        let mut indices = Vec::with_capacity(self.len() + newer.len());
-        while i < self.len() || j < newer.len() {
-            let take_old = j == newer.len() || (i < self.len() && self.key(i) < newer.key(j));
-            if take_old {
-                indices.push((0, i));
-                i += 1;
-            } else {
-                if i < self.len() && self.key(i) == newer.key(j) {
-                    i += 1;
-                }
-                indices.push((1, j));
-                j += 1;
+    /// The patches (oldest first) as one, the newest change of a key winning. Tombstones are
+    /// kept (they still hide rows the scan has to hand out).
+    fn merged(patches: &[&Patch]) -> Result<Patch> {
+        match patches {
+            [] => Err(internal!("a merge of no patches")),
+            [one] => Ok((*one).clone()),
+            _ => {
+                let sources: Vec<Sorted<'_>> = patches.iter().map(|p| p.sorted(p.len())).collect();
+                let picks = merge_sorted(&sources);
+                let deleted = patches.iter().any(|p| p.deleted.is_some()).then(|| {
+                    let mut mask = BooleanBufferBuilder::new(picks.len());
+                    for &(_, _, dead) in &picks {
+                        mask.append(dead);
+                    }
+                    mask.finish()
+                });
+                let indices: Vec<(usize, usize)> = picks.iter().map(|&(s, r, _)| (s, r)).collect();
+                let rows: Vec<&KeyedBatch> = patches.iter().map(|p| &p.rows).collect();
+                Ok(Patch {
+                    rows: gather(&rows, &indices)?,
+                    deleted,
+                    row_bytes: patches.iter().map(|p| p.row_bytes).max().unwrap_or(0),
+                })
             }
         }
-        let any_deleted = self.deleted.is_some() || newer.deleted.is_some();
-        let deleted = any_deleted.then(|| {
-            let mut mask = BooleanBufferBuilder::new(indices.len());
-            for &(source, row) in &indices {
-                let from = if source == 0 { &self } else { &newer };
-                mask.append(from.is_tombstone(row));
-            }
-            mask.finish()
-        });
-        let rows = gather(&[&self.rows, &newer.rows], &indices)?;
-        Ok(Patch {
-            rows,
-            deleted,
-            row_bytes: self.row_bytes.max(newer.row_bytes),
-        })
+    }
+
+    /// Rows `..end` as a merge source.
+    fn sorted(&self, end: usize) -> Sorted<'_> {
+        Sorted {
+            rows: &self.rows,
+            deleted: self.deleted.as_ref(),
+            end,
+        }
+    }
+
+    /// How many rows have a key at most `last`.
+    fn upto(&self, last: &[u8]) -> usize {
+        partition_point(self.len(), |j| self.key(j) <= last)
+    }
+}
+
+/// The patches an input holds, oldest first: a stack kept short by merging its newest
+/// patches by size tiers ([`newest_tier`]), so a change is rewritten a few times however
+/// many barriers come, and a scanned batch meets a few patches.
+#[derive(Debug, Default)]
+pub(crate) struct Patches {
+    stack: Vec<Patch>,
+}
+
+/// Patches an input holds before the newest are merged.
+const MAX_PATCHES: usize = 8;
+
+impl Patches {
+    pub fn is_empty(&self) -> bool {
+        self.stack.is_empty()
+    }
+
+    /// The memory the patches account for.
+    pub fn bytes(&self) -> usize {
+        self.stack.iter().map(Patch::bytes).sum()
+    }
+
+    /// Adds the newest patch.
+    pub fn push(&mut self, patch: Patch) -> Result<()> {
+        if patch.is_empty() {
+            return Ok(());
+        }
+        self.stack.push(patch);
+        if self.stack.len() >= MAX_PATCHES {
+            let sizes: Vec<u64> = self.stack.iter().map(|p| p.len() as u64).collect();
+            let newest = self.stack.split_off(newest_tier(&sizes));
+            let refs: Vec<&Patch> = newest.iter().collect();
+            self.stack.push(Patch::merged(&refs)?);
+        }
+        Ok(())
     }
 
     /// `batch` (the input's next rows, keys strictly increasing) with the changes up to its
     /// last key applied, or, at the end of the scan (`None`), every change left that is not a
-    /// tombstone. Returns the rows and what is left of the patch (`None` once used up).
-    pub(crate) fn apply(
-        self,
-        batch: Option<KeyedBatch>,
-    ) -> Result<(Option<KeyedBatch>, Option<Patch>)> {
-        let Some(batch) = batch else {
-            let live: Vec<(usize, usize)> = (0..self.len())
-                .filter(|&j| !self.is_tombstone(j))
-                .map(|j| (0, j))
-                .collect();
-            if live.is_empty() {
-                return Ok((None, None));
-            }
-            return Ok((Some(gather(&[&self.rows], &live)?), None));
-        };
-        let Some(last) = batch.keys.len().checked_sub(1).map(|i| batch.keys.value(i)) else {
-            return Ok((Some(batch), Some(self)));
-        };
-        // The changes that fall within the batch (or before it: none, the patch starts after
-        // the position and the batch follows it).
-        let upto = partition_point(self.len(), |j| self.key(j) <= last);
-        if upto == 0 {
-            return Ok((Some(batch), Some(self)));
+    /// tombstone (`None` if none is). The changes used are dropped.
+    pub fn apply(&mut self, batch: Option<KeyedBatch>) -> Result<Option<KeyedBatch>> {
+        if self.stack.is_empty() {
+            return Ok(batch);
         }
-        let (mut i, mut j) = (0, 0);
-        let mut indices = Vec::with_capacity(batch.num_rows() + upto);
-        while i < batch.num_rows() || j < upto {
-            let from_batch =
-                j == upto || (i < batch.num_rows() && batch.keys.value(i) < self.key(j));
-            if from_batch {
-                indices.push((0, i));
-                i += 1;
-                continue;
-            }
-            if i < batch.num_rows() && batch.keys.value(i) == self.key(j) {
-                // The change replaces (or deletes) the scanned row.
-                i += 1;
-            }
-            if !self.is_tombstone(j) {
-                indices.push((1, j));
-            }
-            j += 1;
+        let last = batch
+            .as_ref()
+            .and_then(|b| b.keys.len().checked_sub(1).map(|i| b.keys.value(i)));
+        let upto: Vec<usize> = match (&batch, last) {
+            (Some(_), None) => return Ok(batch),
+            (Some(_), Some(last)) => self.stack.iter().map(|p| p.upto(last)).collect(),
+            (None, _) => self.stack.iter().map(Patch::len).collect(),
+        };
+        if upto.iter().all(|&n| n == 0) {
+            return Ok(batch);
         }
-        let merged = gather(&[&batch, &self.rows], &indices)?;
-        let rest = (upto < self.len()).then(|| self.tail(upto));
-        Ok((Some(merged), rest))
+        // The scanned rows are the oldest source and hold no tombstone.
+        let mut sources: Vec<Sorted<'_>> = Vec::with_capacity(1 + self.stack.len());
+        let mut batches: Vec<&KeyedBatch> = Vec::with_capacity(1 + self.stack.len());
+        if let Some(batch) = &batch {
+            sources.push(Sorted {
+                rows: batch,
+                deleted: None,
+                end: batch.num_rows(),
+            });
+            batches.push(batch);
+        }
+        for (patch, &end) in self.stack.iter().zip(&upto) {
+            sources.push(patch.sorted(end));
+            batches.push(&patch.rows);
+        }
+        let indices: Vec<(usize, usize)> = merge_sorted(&sources)
+            .into_iter()
+            .filter(|&(_, _, dead)| !dead)
+            .map(|(s, r, _)| (s, r))
+            .collect();
+        let rows = (!indices.is_empty() || batch.is_some())
+            .then(|| gather(&batches, &indices))
+            .transpose()?;
+        // What is left of each patch: the rows after the batch.
+        let stack = std::mem::take(&mut self.stack);
+        self.stack = stack
+            .into_iter()
+            .zip(upto)
+            .filter(|(patch, used)| *used < patch.len())
+            .map(|(patch, used)| patch.tail(used))
+            .collect();
+        Ok(rows)
+    }
+}
+
+/// Rows `..end` of a sorted source of a merge, with its tombstones.
+struct Sorted<'a> {
+    rows: &'a KeyedBatch,
+    deleted: Option<&'a BooleanBuffer>,
+    end: usize,
+}
+
+/// The rows of sorted sources (oldest first, keys strictly increasing in each) in key order,
+/// one per key: the newest source's. Each pick is `(source, row, is a tombstone)`.
+fn merge_sorted(sources: &[Sorted<'_>]) -> Vec<(usize, usize, bool)> {
+    let mut heads = vec![0usize; sources.len()];
+    let mut picks = Vec::with_capacity(sources.iter().map(|s| s.end).sum());
+    loop {
+        // The smallest head key; among equal keys the newest source wins.
+        let mut best: Option<(usize, &[u8])> = None;
+        for (s, source) in sources.iter().enumerate() {
+            if heads[s] < source.end {
+                let key = source.rows.keys.value(heads[s]);
+                if best.is_none_or(|(_, b)| key <= b) {
+                    best = Some((s, key));
+                }
+            }
+        }
+        let Some((winner, key)) = best else {
+            return picks;
+        };
+        let row = heads[winner];
+        let dead = sources[winner].deleted.is_some_and(|d| d.value(row));
+        picks.push((winner, row, dead));
+        for (s, source) in sources.iter().enumerate() {
+            if heads[s] < source.end && source.rows.keys.value(heads[s]) == key {
+                heads[s] += 1;
+            }
+        }
     }
 }
 
@@ -274,7 +346,7 @@ mod tests {
             let (older, mut expected) = random_patch(&mut rng, 40, 0);
             let (newer, news) = random_patch(&mut rng, 40, 1000);
             expected.extend(news);
-            let both = older.then(newer).unwrap();
+            let both = Patch::merged(&[&older, &newer]).unwrap();
             assert_eq!(
                 rows_of(&both.rows, both.deleted.as_ref()),
                 expected,
@@ -291,8 +363,9 @@ mod tests {
             let domain = 60;
             let scanned: Vec<i64> = (0..domain).filter(|_| rng.random_bool(0.5)).collect();
             let mut expected: BTreeMap<i64, u64> = scanned.iter().map(|&k| (k, 0)).collect();
-            let mut patch = None;
-            for id in [100, 200, 300] {
+            // More patches than the stack holds, so that it merges tiers too.
+            let mut patches = Patches::default();
+            for id in (1..=12).map(|i| i * 100) {
                 if rng.random_bool(0.7) {
                     let (next, changes) = random_patch(&mut rng, domain, id);
                     for (key, value) in changes {
@@ -301,10 +374,8 @@ mod tests {
                             None => expected.remove(&key),
                         };
                     }
-                    patch = Some(match patch {
-                        Some(p) => Patch::then(p, next).unwrap(),
-                        None => next,
-                    });
+                    patches.push(next).unwrap();
+                    assert!(patches.stack.len() < MAX_PATCHES);
                 }
             }
             // The scan in random batches (ids 0), then its end.
@@ -328,14 +399,7 @@ mod tests {
                     }
                 });
                 let end = batch.is_none();
-                let out = match patch.take() {
-                    Some(p) => {
-                        let (out, left) = p.apply(batch).unwrap();
-                        patch = left;
-                        out
-                    }
-                    None => batch,
-                };
+                let out = patches.apply(batch).unwrap();
                 if let Some(out) = out {
                     assert_eq!(first_unordered(&out.keys), None, "seed {seed}");
                     for (key, value) in rows_of(&out, None) {
@@ -348,7 +412,7 @@ mod tests {
                     break;
                 }
             }
-            assert!(patch.is_none(), "seed {seed}: changes left");
+            assert!(patches.is_empty(), "seed {seed}: changes left");
             assert_eq!(got, expected, "seed {seed}");
         }
     }

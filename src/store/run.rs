@@ -113,6 +113,26 @@ pub(crate) fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
+/// Which runs of a stack (sizes oldest first) to merge into one when it has grown too tall:
+/// the newest ones, back to the first older run that holds more than twice their rows, and
+/// at least two (returns the index of the oldest). Merged runs form size tiers, each at least
+/// twice the next newer one, so a row is rewritten about `log2(runs pushed)` times; merging
+/// every run each time rewrote the grown oldest one at every merge (quadratic).
+pub(crate) fn newest_tier(sizes: &[u64]) -> usize {
+    let newest = sizes.len().saturating_sub(1);
+    let mut from = newest;
+    let mut merged = sizes.get(from).copied().unwrap_or(0);
+    while from > 0 {
+        let older = sizes[from - 1];
+        if from < newest && older > merged.saturating_mul(2) {
+            break;
+        }
+        merged += older;
+        from -= 1;
+    }
+    from
+}
+
 /// The first index in `0..len` where `pred` is false (`pred` must be monotone).
 pub(crate) fn partition_point(len: usize, pred: impl Fn(usize) -> bool) -> usize {
     let (mut lo, mut hi) = (0, len);
@@ -698,6 +718,41 @@ mod tests {
     use super::*;
     use arrow_array::{BinaryArray, Int64Array};
     use arrow_schema::{Field, Schema};
+
+    #[test]
+    fn a_merge_takes_the_newest_runs_back_to_a_bigger_tier() {
+        // Two at least, even when the older one is far bigger.
+        assert_eq!(newest_tier(&[1000, 10]), 0);
+        assert_eq!(newest_tier(&[1000, 300, 10]), 1);
+        // Equal deltas: all of them.
+        assert_eq!(newest_tier(&[10; 8]), 0);
+        // A tier more than twice the newer ones stays.
+        assert_eq!(newest_tier(&[700, 10, 10, 10, 10, 10, 10, 10]), 1);
+        assert_eq!(newest_tier(&[700, 100, 10, 10, 10, 10, 10, 10]), 1);
+        assert_eq!(newest_tier(&[700, 130, 10, 10, 10, 10, 10, 10]), 2);
+    }
+
+    /// Runs of one epoch's rows each, merged whenever there are 8: every row is rewritten a
+    /// logarithmic number of times, and the runs stay few.
+    #[test]
+    fn tiers_rewrite_each_row_a_few_times() {
+        let (epoch_rows, epochs) = (100u64, 1000);
+        let mut deltas: Vec<u64> = Vec::new();
+        let mut rewritten = 0;
+        for _ in 0..epochs {
+            deltas.push(epoch_rows);
+            if deltas.len() >= 8 {
+                let from = newest_tier(&deltas);
+                let merged: u64 = deltas.drain(from..).sum();
+                rewritten += merged;
+                deltas.push(merged);
+            }
+        }
+        let written = epoch_rows * epochs;
+        assert!(rewritten <= 8 * written, "{rewritten} rows rewritten");
+        assert!(deltas.len() < 8);
+        assert_eq!(deltas.iter().sum::<u64>(), written);
+    }
 
     /// A run of Int64 rows whose keys are the values' big-endian bytes (sorted as numbers).
     fn run(values: std::ops::RangeInclusive<i64>) -> Arc<Run> {

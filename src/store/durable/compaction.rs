@@ -26,7 +26,7 @@ use super::{Shared, VnodeRuns};
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::run::SEGMENT_ROWS;
-use crate::store::run::{MergeReader, Run};
+use crate::store::run::{MergeReader, Run, newest_tier};
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).
@@ -168,7 +168,7 @@ impl Policy {
 /// runs, or its deltas hold a quarter of its base's rows (so the rewrite of the base is paid
 /// for by the change it absorbs: each row is rewritten O(log) times, not once per few
 /// commits). Otherwise a merge of its newest deltas into one once it has `merge_deltas` of
-/// them ([`merge_from`]): a read holds one loaded block per run, so this bounds what a scan
+/// them ([`newest_tier`]: each delta row is rewritten about `log2(deltas)` times): a read holds one loaded block per run, so this bounds what a scan
 /// of the vnode holds (the base's block, a few merged deltas', a few small ones) without
 /// rewriting the base.
 fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
@@ -183,31 +183,11 @@ fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     } else if deltas >= policy.merge_deltas {
         let rows: Vec<u64> = runs.deltas.iter().map(|(_, d)| d.span.rows).collect();
         Some(Plan::Deltas {
-            from: merge_from(&rows),
+            from: newest_tier(&rows),
         })
     } else {
         None
     }
-}
-
-/// The oldest of the deltas (at least two) a merge of deltas takes: the newest ones, back to
-/// the first older delta that holds more than twice their rows. Merged deltas form size
-/// tiers, each at least twice the next newer one, so a delta row is rewritten about
-/// `log2(deltas)` times; merging every delta each time rewrote the grown merged delta at
-/// every merge (quadratic in the epochs).
-fn merge_from(rows: &[u64]) -> usize {
-    let newest = rows.len().saturating_sub(1);
-    let mut from = newest;
-    let mut merged = rows.get(from).copied().unwrap_or(0);
-    while from > 0 {
-        let older = rows[from - 1];
-        if from < newest && older > merged.saturating_mul(2) {
-            break;
-        }
-        merged += older;
-        from -= 1;
-    }
-    from
 }
 
 /// Compacts every vnode due for it by [`plan`].
@@ -429,44 +409,4 @@ impl Merge {
 
 fn same_run(a: &DiskRun, b: &DiskRun) -> bool {
     Arc::ptr_eq(&a.file, &b.file) && a.span == b.span
-}
-
-#[cfg(test)]
-mod tests {
-    use super::merge_from;
-
-    #[test]
-    fn a_merge_of_deltas_takes_the_newest_back_to_a_bigger_tier() {
-        // Two at least, even when the older one is far bigger.
-        assert_eq!(merge_from(&[1000, 10]), 0);
-        assert_eq!(merge_from(&[1000, 300, 10]), 1);
-        // Equal deltas: all of them.
-        assert_eq!(merge_from(&[10; 8]), 0);
-        // A tier more than twice the newer ones stays.
-        assert_eq!(merge_from(&[700, 10, 10, 10, 10, 10, 10, 10]), 1);
-        assert_eq!(merge_from(&[700, 100, 10, 10, 10, 10, 10, 10]), 1);
-        assert_eq!(merge_from(&[700, 130, 10, 10, 10, 10, 10, 10]), 2);
-    }
-
-    /// Deltas of one epoch's rows each, merged whenever there are 8: every row is rewritten a
-    /// logarithmic number of times, and the deltas stay few.
-    #[test]
-    fn tiers_rewrite_each_row_a_few_times() {
-        let (epoch_rows, epochs) = (100u64, 1000);
-        let mut deltas: Vec<u64> = Vec::new();
-        let mut rewritten = 0;
-        for _ in 0..epochs {
-            deltas.push(epoch_rows);
-            if deltas.len() >= 8 {
-                let from = merge_from(&deltas);
-                let merged: u64 = deltas.drain(from..).sum();
-                rewritten += merged;
-                deltas.push(merged);
-            }
-        }
-        let written = epoch_rows * epochs;
-        assert!(rewritten <= 8 * written, "{rewritten} rows rewritten");
-        assert!(deltas.len() < 8);
-        assert_eq!(deltas.iter().sum::<u64>(), written);
-    }
 }
