@@ -56,6 +56,7 @@ use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
+use crate::replay::SnapshotFeed;
 use crate::replay::prefetch::Prefetch;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
@@ -316,7 +317,7 @@ pub async fn run_replay_until(
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut validation = match new_dirs {
-        Some(_) => Validation::beside(dataset, desc)?,
+        Some(_) => Validation::beside(dataset, desc, LOAD_BATCH_ROWS)?,
         None => Validation::first(dataset, &desc)?,
     };
     let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;
@@ -530,12 +531,20 @@ impl<'a, S: StateStore> Job<'a, S> {
 
     /// Bulk loads the snapshot into the upstream table, sealed at the snapshot epoch (not
     /// committed).
-    fn load(&self, all: &VnodeBitmap) -> Result<()> {
+    /// Loads the snapshot: from `feed` (the batches a validation beside the load decodes)
+    /// or read here.
+    fn load(&self, all: &VnodeBitmap, feed: Option<SnapshotFeed>) -> Result<()> {
         self.store.create_table(self.desc.clone())?;
         let mut upstream = self.store.table(self.desc.name(), all.clone())?;
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
-        let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
-        for batch in Prefetch::new("backfill-load", READ_AHEAD, batches)? {
+        let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
+            Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
+            None => {
+                let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
+                Box::new(Prefetch::new("backfill-load", READ_AHEAD, batches)?)
+            }
+        };
+        for batch in batches {
             upstream.write(&StreamChunk::inserts(batch?))?;
         }
         upstream.seal(SNAPSHOT_EPOCH)
@@ -638,7 +647,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             None => {
                 // The upstream table, bulk loaded and committed at the snapshot epoch.
                 let load_started = Instant::now();
-                let loaded = self.load(&all);
+                let loaded = self.load(&all, validation.take_snapshot_feed());
                 // Nothing of a bad dataset is committed: the load's commit waits for the
                 // validation, whose error (naming file and row) wins over the load's.
                 let dataset = validation.finish()?;

@@ -5,8 +5,9 @@
 //! first ([`Validation::first`]). A new job whose output and state directories do not exist
 //! yet has nothing to lose: its validation runs on a thread beside the snapshot load
 //! ([`Validation::beside`]); the load's commit waits for it, and on bad input the replay
-//! removes the directories it created ([`NewDirs`]). The two passes read the same files on
-//! two cores instead of one after the other.
+//! removes the directories it created ([`NewDirs`]). The snapshot is then decoded once, on a
+//! reader thread that hands every batch to both the validation and the load
+//! ([`Validation::take_snapshot_feed`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use std::thread::JoinHandle;
 
 use crate::error::{Result, internal};
 use crate::job::certificate::TableDigest;
-use crate::replay::{Dataset, DatasetSummary};
+use crate::replay::prefetch::tee;
+use crate::replay::{Dataset, DatasetSummary, SnapshotFeed};
 use crate::table::TableDesc;
 
 /// A dataset's validation: done, or running on its own thread.
@@ -22,11 +24,25 @@ use crate::table::TableDesc;
 /// The pass reads every row of the input, so it also digests the table the input ends with
 /// (the snapshot, then every change), as rows of the job's table: the completion
 /// certificate's expected side, with no second read of the input or scan of the state.
-#[derive(Debug)]
 pub(crate) struct Validation {
     state: State,
     /// The validation found the dataset bad (or could not read it).
     failed: bool,
+    /// The snapshot's batches the validation reads, for the load to read too.
+    snapshot_feed: Option<SnapshotFeed>,
+}
+
+/// Batches the snapshot reader decodes ahead of the slower of its two consumers.
+const READ_AHEAD: usize = 4;
+
+impl std::fmt::Debug for Validation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validation")
+            .field("state", &self.state)
+            .field("failed", &self.failed)
+            .field("snapshot_feed", &self.snapshot_feed.is_some())
+            .finish()
+    }
 }
 
 /// What a successful validation found.
@@ -40,10 +56,16 @@ enum State {
     Failed,
 }
 
-/// Validates `dataset`, digesting its final table as rows of `desc`.
-fn validate(dataset: &Dataset, desc: &TableDesc) -> Result<Validated> {
+/// Validates `dataset`, digesting its final table as rows of `desc`; the snapshot comes from
+/// `snapshot` if given.
+fn validate(
+    dataset: &Dataset,
+    desc: &TableDesc,
+    snapshot: Option<SnapshotFeed>,
+) -> Result<Validated> {
     let mut digest = TableDigest::new(desc.vnode_count());
-    let summary = dataset.validate_observed(&mut |rows| digest.observe(desc, rows))?;
+    let summary =
+        dataset.validate_observed_from(snapshot, &mut |rows| digest.observe(desc, rows))?;
     Ok((summary, digest))
 }
 
@@ -51,26 +73,51 @@ impl Validation {
     /// Validates `dataset` now, on this thread; `desc` is the job's table.
     pub fn first(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
         Ok(Self {
-            state: State::Done(Box::new(validate(dataset, desc)?)),
+            state: State::Done(Box::new(validate(dataset, desc, None)?)),
             failed: false,
+            snapshot_feed: None,
         })
     }
 
-    /// Starts validating `dataset` on a thread of its own; `desc` is the job's table.
-    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>) -> Result<Self> {
+    /// Starts validating `dataset` on a thread of its own; `desc` is the job's table. The
+    /// snapshot is read in batches of `batch_rows` rows for the validation and, if it takes
+    /// them ([`Self::take_snapshot_feed`]), the load.
+    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>, batch_rows: usize) -> Result<Self> {
+        // A batch is shared (its buffers' handles cloned); an error goes to the validation,
+        // which reports it naming file and row, and ends the load's feed too.
+        let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
+            Ok(batch) => (Ok(batch.clone()), Ok(batch)),
+            Err(e) => {
+                let stop = internal!("the snapshot read failed (the validation says why): {e}");
+                (Err(e), Err(stop))
+            }
+        };
+        let batches = dataset.read_snapshot_files(batch_rows);
+        let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
         let dataset = dataset.clone();
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
-            .spawn(move || validate(&dataset, &desc))
+            .spawn(move || validate(&dataset, &desc, Some(Box::new(for_validation))))
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
             failed: false,
+            snapshot_feed: Some(Box::new(for_load)),
         })
+    }
+
+    /// The snapshot's batches as the running validation reads them (once): the load reads
+    /// them instead of decoding the files again. `None` for a validation done first. The
+    /// validation stays at most a few batches ahead of whoever holds the feed; one never
+    /// taken is dropped by [`Self::finish`].
+    pub fn take_snapshot_feed(&mut self) -> Option<SnapshotFeed> {
+        self.snapshot_feed.take()
     }
 
     /// The validation's result, waiting for it if it is still running.
     pub fn finish(&mut self) -> Result<DatasetSummary> {
+        // A feed nobody took would hold the shared reader (and the validation) back.
+        self.snapshot_feed = None;
         let result = match std::mem::replace(&mut self.state, State::Failed) {
             State::Done(done) => Ok(done),
             State::Running(thread) => thread
@@ -171,7 +218,7 @@ mod tests {
                 let mut first = Validation::first(&data, &desc).unwrap();
                 first.finish().unwrap();
                 assert_eq!(first.expected_digest(), Some(&expected), "seed {seed}");
-                let mut beside = Validation::beside(&data, desc).unwrap();
+                let mut beside = Validation::beside(&data, desc, 3).unwrap();
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
@@ -188,7 +235,7 @@ mod tests {
         let dir = dataset(MANIFEST, &snapshot, &changes);
         let data = Dataset::open(dir.path()).unwrap();
         let desc = Arc::new(data.table_desc(VnodeCount::DEFAULT).unwrap());
-        let mut beside = Validation::beside(&data, desc).unwrap();
+        let mut beside = Validation::beside(&data, desc, 3).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
         assert_eq!(beside.expected_digest(), None);

@@ -213,14 +213,26 @@ impl Dataset {
         &self,
         batch_size: usize,
     ) -> Result<impl Iterator<Item = Result<RecordBatch>> + Send + 'static> {
-        Ok(SnapshotReader {
+        Ok(self
+            .read_snapshot_files(batch_size)
+            .map(|item| item.map(|(_, batch)| batch)))
+    }
+
+    /// [`Dataset::read_snapshot`], each batch with the index of its file in
+    /// [`Dataset::snapshot_files`] (a file's batches follow each other, its rows in order).
+    pub(crate) fn read_snapshot_files(
+        &self,
+        batch_size: usize,
+    ) -> impl Iterator<Item = Result<(usize, RecordBatch)>> + Send + 'static {
+        SnapshotReader {
             files: self.snapshot_files.clone().into(),
+            next_file: 0,
             schema: self.schema.clone(),
             float_keys: self.float_keys.clone(),
             batch_size: batch_size.max(1),
             current: None,
             failed: false,
-        })
+        }
     }
 
     /// The changes, in order, as chunks of at most `batch_size` rows (one more to keep an
@@ -316,21 +328,23 @@ pub(crate) fn canonical_key_floats(batch: RecordBatch, float_keys: &[usize]) -> 
 
 struct SnapshotReader {
     files: VecDeque<PathBuf>,
+    /// The index of the next file to open.
+    next_file: usize,
     schema: SchemaRef,
     float_keys: Vec<usize>,
     batch_size: usize,
-    current: Option<(PathBuf, ParquetRecordBatchReader)>,
+    current: Option<(usize, PathBuf, ParquetRecordBatchReader)>,
     failed: bool,
 }
 
 impl SnapshotReader {
-    fn step(&mut self) -> Result<Option<RecordBatch>> {
+    fn step(&mut self) -> Result<Option<(usize, RecordBatch)>> {
         loop {
-            if let Some((path, reader)) = &mut self.current {
+            if let Some((file, path, reader)) = &mut self.current {
                 match files::next_batch(reader, path) {
                     Some(batch) => {
-                        return files::with_schema(&batch?, &self.schema, path)
-                            .map(|b| Some(canonical_key_floats(b, &self.float_keys)));
+                        let batch = files::with_schema(&batch?, &self.schema, path)?;
+                        return Ok(Some((*file, canonical_key_floats(batch, &self.float_keys))));
                     }
                     None => self.current = None,
                 }
@@ -350,13 +364,14 @@ impl SnapshotReader {
                     ),
                 ));
             }
-            self.current = Some((path, reader));
+            self.current = Some((self.next_file, path, reader));
+            self.next_file += 1;
         }
     }
 }
 
 impl Iterator for SnapshotReader {
-    type Item = Result<RecordBatch>;
+    type Item = Result<(usize, RecordBatch)>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.failed {

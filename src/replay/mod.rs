@@ -42,5 +42,5 @@ pub use generate::{
     GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
 };
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
-pub(crate) use validate::Observed;
+pub(crate) use validate::{Observed, SnapshotFeed};
 pub use verify::{VerifyReport, verify, verify_with};

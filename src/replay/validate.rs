@@ -27,7 +27,7 @@ use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use super::prefetch::Prefetch;
 use crate::chunk::Op;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::vnode::VnodeCount;
 use arrow_array::RecordBatch;
 
@@ -48,7 +48,7 @@ impl Dataset {
 
     /// [`Dataset::validate`] with explicit scratch space and memory budget.
     pub fn validate_with(&self, options: &ExternalSortOptions) -> Result<DatasetSummary> {
-        validate_with(self, options, &mut |_| Ok(()))
+        validate_with(self, options, None, &mut |_| Ok(()))
     }
 
     /// [`Dataset::validate`], showing `observe` every row the pass reads, in stream order:
@@ -60,13 +60,30 @@ impl Dataset {
         &self,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
     ) -> Result<DatasetSummary> {
+        self.validate_observed_from(None, observe)
+    }
+
+    /// [`Dataset::validate_observed`] with the snapshot's batches read by someone else
+    /// (`snapshot`; `None`: read here): a replay decodes its snapshot once, for its load and
+    /// its validation.
+    pub(crate) fn validate_observed_from(
+        &self,
+        snapshot: Option<SnapshotFeed>,
+        observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+    ) -> Result<DatasetSummary> {
         validate_with(
             self,
             &ExternalSortOptions::new(std::env::temp_dir()),
+            snapshot,
             observe,
         )
     }
 }
+
+/// The snapshot's batches in file order, each with the index of its file in
+/// [`Dataset::snapshot_files`] (as [`Dataset::read_snapshot_files`] reads them, whatever
+/// their size); an error ends it.
+pub(crate) type SnapshotFeed = Box<dyn Iterator<Item = Result<(usize, RecordBatch)>> + Send>;
 
 /// Rows the validation read (see [`Dataset::validate_observed`]).
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +98,7 @@ pub(crate) enum Observed<'a> {
 fn validate_with(
     dataset: &Dataset,
     options: &ExternalSortOptions,
+    snapshot: Option<SnapshotFeed>,
     observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
 ) -> Result<DatasetSummary> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
@@ -94,7 +112,15 @@ fn validate_with(
         SortConfig::for_budget(options.memory_budget),
     )?;
     let mut summary = DatasetSummary::default();
-    let stream_error = read(dataset, &mut rows, &mut summary, observe)?;
+    let snapshot = match snapshot {
+        Some(feed) => feed,
+        None => Box::new(Prefetch::new(
+            "backfill-validate",
+            READ_AHEAD,
+            dataset.read_snapshot_files(BATCH_SIZE),
+        )?),
+    };
+    let stream_error = read(dataset, snapshot, &mut rows, &mut summary, observe)?;
     let mut fold = rows.finish()?;
     while fold.next_key()? {}
     if let Some(violation) = fold.first_violation() {
@@ -110,6 +136,7 @@ fn validate_with(
 /// bad at `e`, and only the rows before the batch of `e` were added; `Err`: a system error.
 fn read(
     dataset: &Dataset,
+    snapshot: SnapshotFeed,
     rows: &mut KeyedChanges,
     summary: &mut DatasetSummary,
     observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
@@ -122,17 +149,30 @@ fn read(
             }
         };
     }
-    for path in dataset.snapshot_files() {
-        let mut first_row = 0u64;
-        let batches = input!(dataset.snapshot_file_reader(path, BATCH_SIZE));
-        for batch in Prefetch::new("backfill-validate", READ_AHEAD, batches)? {
-            let batch = input!(batch);
-            input!(rows.push_snapshot(path, first_row, &batch)?);
-            observe(Observed::Snapshot(&batch, rows.certificate_hashes()))?;
-            first_row += batch.num_rows() as u64;
+    // Rows are taken BATCH_SIZE at a time from the start of each file, whatever the batches
+    // they come in: which error is met first depends on it (module docs).
+    let mut chunk = Chunk::default();
+    for item in snapshot {
+        let (file, batch) = input!(item);
+        if file != chunk.file {
+            input!(chunk.flush(dataset, rows, summary, observe)?);
+            chunk = Chunk {
+                file,
+                ..Chunk::default()
+            };
         }
-        summary.snapshot_rows += first_row;
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = (BATCH_SIZE - chunk.rows).min(batch.num_rows() - offset);
+            chunk.pieces.push(batch.slice(offset, len));
+            chunk.rows += len;
+            offset += len;
+            if chunk.rows == BATCH_SIZE {
+                input!(chunk.flush(dataset, rows, summary, observe)?);
+            }
+        }
     }
+    input!(chunk.flush(dataset, rows, summary, observe)?);
     for changes in Prefetch::new(
         "backfill-validate",
         READ_AHEAD,
@@ -155,6 +195,49 @@ fn read(
         summary.change_rows += changes.ops.len() as u64;
     }
     Ok(None)
+}
+
+/// Up to [`BATCH_SIZE`] rows of one snapshot file, gathered from the batches read.
+#[derive(Default)]
+struct Chunk {
+    /// The file's index in [`Dataset::snapshot_files`].
+    file: usize,
+    /// The file's row the chunk starts at.
+    first_row: u64,
+    pieces: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl Chunk {
+    /// Adds the chunk's rows to `rows` (a bad row: `Ok(Err(..))`, nothing added) and starts
+    /// the next chunk of the file.
+    fn flush(
+        &mut self,
+        dataset: &Dataset,
+        rows: &mut KeyedChanges,
+        summary: &mut DatasetSummary,
+        observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+    ) -> Result<Result<()>> {
+        let batch = match self.pieces.as_slice() {
+            [] => return Ok(Ok(())),
+            [one] => one.clone(),
+            // Batches that do not fall on chunk boundaries: one copy of the chunk.
+            many => arrow_select::concat::concat_batches(&many[0].schema(), many)?,
+        };
+        let path = dataset
+            .snapshot_files()
+            .get(self.file)
+            .ok_or_else(|| internal!("snapshot file {} out of range", self.file))?;
+        if let Err(e) = rows.push_snapshot(path, self.first_row, &batch)? {
+            return Ok(Err(e));
+        }
+        observe(Observed::Snapshot(&batch, rows.certificate_hashes()))?;
+        summary.snapshot_rows += self.rows as u64;
+        self.first_row += self.rows as u64;
+        self.pieces.clear();
+        self.rows = 0;
+        Ok(Ok(()))
+    }
 }
 
 /// The validation pass with the whole table in memory: the reference the bounded one must
@@ -434,6 +517,39 @@ mod tests {
         );
     }
 
+    /// Which of two errors is reported depends on the chunks rows are taken in: a duplicate
+    /// key in the first chunk comes before a NULL key in the second (the first chunk is
+    /// applied before the second is read), a NULL in the same chunk first. Fed in batches of
+    /// any size, the pass takes the same chunks.
+    #[test]
+    fn fed_batches_of_any_size_meet_the_same_first_error() {
+        for (null_at, message) in [
+            (BATCH_SIZE + 5, "duplicate"),
+            (BATCH_SIZE - 5, "NULL in primary key"),
+        ] {
+            let text: String = (0..BATCH_SIZE + 100)
+                .map(|i| match i {
+                    10 => "3 dup\n".to_string(),
+                    i if i == null_at => "NULL x\n".to_string(),
+                    i => format!("{i} v\n"),
+                })
+                .collect();
+            let dir = dataset(MANIFEST, &[rows(&text)], &[]);
+            let ds = Dataset::open(dir.path()).unwrap();
+            let expected = format!("{:?}", ds.validate());
+            assert!(expected.contains(message), "{expected}");
+            for batch_rows in [7, 1000, BATCH_SIZE, 4 * BATCH_SIZE] {
+                let options = ExternalSortOptions::new(std::env::temp_dir());
+                let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
+                let found = format!(
+                    "{:?}",
+                    validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
+                );
+                assert_eq!(found, expected, "fed {batch_rows} rows a batch");
+            }
+        }
+    }
+
     /// Differential: the bounded validator and the in-memory model agree, error for error
     /// (the same file, row, epoch and message), whatever the budget.
     #[test]
@@ -449,8 +565,21 @@ mod tests {
             let expected = format!("{:?}", validate_in_memory(&ds));
             for budget in [1, 4 << 10, 1 << 20] {
                 let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
-                let found = format!("{:?}", validate_with(&ds, &options, &mut |_| Ok(())));
+                let found = format!("{:?}", validate_with(&ds, &options, None, &mut |_| Ok(())));
                 assert_eq!(found, expected, "case {case}, budget {budget}");
+            }
+            // The snapshot fed in batches of another size, as a replay's load reads it.
+            for batch_rows in [1, 3, BATCH_SIZE * 2] {
+                let options = ExternalSortOptions::new(scratch.path());
+                let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
+                let found = format!(
+                    "{:?}",
+                    validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
+                );
+                assert_eq!(
+                    found, expected,
+                    "case {case}, fed {batch_rows} rows a batch"
+                );
             }
             if expected.starts_with("Ok") {
                 ok += 1;
