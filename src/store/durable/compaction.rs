@@ -165,12 +165,13 @@ impl Policy {
 }
 
 /// What a vnode is due for, if anything. A full compaction when it has `max_deltas` delta
-/// runs, or its deltas hold a quarter of its base's rows (so the rewrite of the base is paid
-/// for by the change it absorbs: each row is rewritten O(log) times, not once per few
-/// commits). Otherwise a merge of its newest deltas into one once it has `merge_deltas` of
-/// them ([`newest_tier`]: each delta row is rewritten about `log2(deltas)` times): a read holds one loaded block per run, so this bounds what a scan
-/// of the vnode holds (the base's block, a few merged deltas', a few small ones) without
-/// rewriting the base.
+/// runs, or its deltas hold a quarter of its base's rows and a block's worth
+/// ([`MIN_BLOCK_ROWS`]) at least (so the rewrite of the base is paid for by the change it
+/// absorbs: each row is rewritten O(log) times, not once per few commits). Otherwise a merge
+/// of its newest deltas into one once it has `merge_deltas` of them ([`newest_tier`]: each
+/// delta row is rewritten about `log2(deltas)` times): a read holds one loaded block per
+/// run, so this bounds what a scan of the vnode holds (the base's block, a few merged
+/// deltas', a few small ones) without rewriting the base.
 fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     let deltas = runs.deltas.len();
     if deltas == 0 {
@@ -178,7 +179,11 @@ fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     }
     let base = runs.base_rows();
     let delta: u64 = runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
-    if deltas >= policy.max_deltas || (deltas >= 2 && delta * 4 >= base) {
+    // The deltas pay for the base's rewrite once they hold a quarter of its rows, and a
+    // block's worth at least: a vnode of a few rows given a row an epoch (a progress table
+    // at 32768 vnodes) was rewritten every other commit, a compaction per vnode each time.
+    let absorbs = delta * 4 >= base && delta >= MIN_BLOCK_ROWS as u64;
+    if deltas >= policy.max_deltas || (deltas >= 2 && absorbs) {
         Some(Plan::Full)
     } else if deltas >= policy.merge_deltas {
         let rows: Vec<u64> = runs.deltas.iter().map(|(_, d)| d.span.rows).collect();

@@ -80,7 +80,7 @@ pub struct DurableOptions {
     /// layers are spilled to run files.
     pub memory_budget: usize,
     /// Compact a vnode (rewrite its base) once it has this many committed delta runs (or
-    /// earlier, once its deltas hold a quarter of its base's rows).
+    /// earlier, once its deltas hold a quarter of its base's rows and a block's worth).
     pub max_deltas: usize,
     /// Merge a vnode's delta runs into one once it has this many (and no full compaction is
     /// due). A scan holds one loaded block per run it reads, so this bounds its memory
