@@ -26,8 +26,8 @@
 //! merges those changes into them ([`RestartInputs::patch`]), or, once the patches held pass
 //! a budget, gets a fresh scan at the new epoch. Every other vnode goes on with its scan and
 //! the rows it read ahead, which are still the snapshot at the new epoch. A barrier's cost
-//! follows the epoch's changes, not the vnode count; nothing is read again. Scans are opened
-//! afresh after a pause or a new rate limit.
+//! follows the epoch's changes, not the vnode count; within the budget no row is read from
+//! the store twice. Scans are opened afresh after a pause or a new rate limit.
 //!
 //! The store commits nothing by itself: whoever collects the checkpoint barrier from the
 //! output (the job, or a test) calls [`StateStore::commit`] with its `prev` epoch.
@@ -39,6 +39,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -53,7 +54,7 @@ use crate::backfill::tracker::{ArrangementTracker, Tracker};
 use crate::chunk::{Message, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
-use crate::merge::{KWayMerge, Patch, RestartInputs, RoundRobin};
+use crate::merge::{KWayMerge, Patch, PatchLedger, RestartInputs, RoundRobin};
 use crate::store::{StateStore, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -87,8 +88,8 @@ pub struct BackfillConfig {
     /// The progress table's name; defaults to `<upstream>.backfill_progress`.
     pub progress_table: Option<String>,
     /// Bytes of upstream changes the open scans may hold to merge into the rows they hand
-    /// out ([`RestartInputs::patch`]); a scan whose changes would pass it is opened afresh
-    /// from the store instead (0: always). Default [`PATCH_BUDGET`].
+    /// out ([`RestartInputs::patch`]); the scans a barrier's changes would take past it are
+    /// opened afresh from the store instead (0: always). Default [`PATCH_BUDGET`].
     pub patch_budget: usize,
 }
 
@@ -197,6 +198,7 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             exec: self,
             core: None,
             merger: None,
+            patch_ledger: PatchLedger::default(),
             read_size: 0,
             limiter: RateLimiter::new(None),
             out: VecDeque::new(),
@@ -220,6 +222,8 @@ struct Driver<S: StateStore, T: Tracker, U> {
     exec: BackfillExecutor<S, T>,
     core: Option<BackfillCore<T>>,
     merger: Option<Box<dyn RestartInputs<<S::Table as StateTable>::Scan>>>,
+    /// The memory of the patches the merger holds.
+    patch_ledger: PatchLedger,
     /// Rows per scan read of the open merger.
     read_size: usize,
     limiter: RateLimiter,
@@ -463,18 +467,25 @@ where
             .merger
             .as_mut()
             .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
-        let mut patches: HashMap<VirtualNode, Patch> = Patch::by_vnode(&self.exec.desc, &changes)?
-            .into_iter()
-            .collect();
+        let budget = self.exec.config.patch_budget;
+        let held = || self.patch_ledger.load(Ordering::Relaxed);
+        let mut patches: HashMap<VirtualNode, Patch> = HashMap::new();
+        if held() < budget {
+            patches.extend(Patch::by_vnode(
+                &self.exec.desc,
+                &changes,
+                &self.patch_ledger,
+            )?);
+            // The barrier's patches are slices of one batch: all of them fit, or none.
+            if held() > budget {
+                patches.clear();
+            }
+        }
         drop(changes);
         for (vnode, pos) in plan {
             match patches.remove(&vnode) {
-                Some(patch)
-                    if merger.patched_bytes() + patch.bytes() <= self.exec.config.patch_budget =>
-                {
-                    merger.patch(vnode, patch, pos.as_ref())?;
-                }
-                _ => {
+                Some(patch) => merger.patch(vnode, patch, pos.as_ref())?,
+                None => {
                     let scan =
                         self.exec
                             .replicated
@@ -488,9 +499,10 @@ where
 }
 
 /// The default [`BackfillConfig::patch_budget`]: the most memory the open merger's patches
-/// (changes not yet merged into the rows handed out) may hold. A vnode whose patch would
-/// pass it gets a fresh scan from the store instead, which keeps those changes in its own
-/// bounded layers.
+/// (changes not yet merged into the rows handed out; each barrier's batch of them counted
+/// whole while any vnode holds a slice of it) may hold. A barrier whose patches would pass
+/// it gives its vnodes fresh scans from the store instead, which keeps those changes in its
+/// own bounded layers (and drops the patches they held).
 pub const PATCH_BUDGET: usize = 64 << 20;
 
 /// The smallest per-vnode read of the k-way merge.

@@ -317,7 +317,7 @@ pub async fn run_replay_until(
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut validation = match new_dirs {
-        Some(_) => Validation::beside(dataset, desc, LOAD_BATCH_ROWS)?,
+        Some(_) => Validation::beside(dataset, desc)?,
         None => Validation::first(dataset, &desc)?,
     };
     let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;

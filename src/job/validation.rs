@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use crate::error::{Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::replay::prefetch::tee;
-use crate::replay::{Dataset, DatasetSummary, SnapshotFeed};
+use crate::replay::{Dataset, DatasetSummary, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
 use crate::table::TableDesc;
 
 /// A dataset's validation: done, or running on its own thread.
@@ -80,9 +80,11 @@ impl Validation {
     }
 
     /// Starts validating `dataset` on a thread of its own; `desc` is the job's table. The
-    /// snapshot is read in batches of `batch_rows` rows for the validation and, if it takes
-    /// them ([`Self::take_snapshot_feed`]), the load.
-    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>, batch_rows: usize) -> Result<Self> {
+    /// snapshot is read for the validation and, if it takes them
+    /// ([`Self::take_snapshot_feed`]), the load, in the batches the validation takes its rows
+    /// in (so that a batch the reader cannot decode holds back no rows the validation would
+    /// have checked before it).
+    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>) -> Result<Self> {
         // A batch is shared (its buffers' handles cloned); an error goes to the validation,
         // which reports it naming file and row, and ends the load's feed too.
         let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
@@ -92,7 +94,7 @@ impl Validation {
                 (Err(e), Err(stop))
             }
         };
-        let batches = dataset.read_snapshot_files(batch_rows);
+        let batches = dataset.read_snapshot_files(SNAPSHOT_CHUNK_ROWS);
         let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
         let dataset = dataset.clone();
         let thread = std::thread::Builder::new()
@@ -218,7 +220,7 @@ mod tests {
                 let mut first = Validation::first(&data, &desc).unwrap();
                 first.finish().unwrap();
                 assert_eq!(first.expected_digest(), Some(&expected), "seed {seed}");
-                let mut beside = Validation::beside(&data, desc, 3).unwrap();
+                let mut beside = Validation::beside(&data, desc).unwrap();
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
@@ -235,7 +237,7 @@ mod tests {
         let dir = dataset(MANIFEST, &snapshot, &changes);
         let data = Dataset::open(dir.path()).unwrap();
         let desc = Arc::new(data.table_desc(VnodeCount::DEFAULT).unwrap());
-        let mut beside = Validation::beside(&data, desc, 3).unwrap();
+        let mut beside = Validation::beside(&data, desc).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
         assert_eq!(beside.expected_digest(), None);

@@ -58,9 +58,7 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// Replaces the scan with `scan`, which yields the vnode's rows strictly after `after`
     /// (the key of its last row handed out and emitted; `None` when none was). The order
     /// check continues from `after`: rows read ahead of it and not emitted may come again.
-    /// `patched_bytes` is the merger's running total of [`Self::patch_bytes`].
-    pub fn restart(&mut self, scan: S, after: Option<&Position>, patched_bytes: &mut usize) {
-        *patched_bytes -= self.patch_bytes();
+    pub fn restart(&mut self, scan: S, after: Option<&Position>) {
         self.retired = self.scan.replace(scan);
         self.unread = None;
         self.patches = Patches::default();
@@ -70,13 +68,11 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// Keeps the scan and merges `patch` (changes to the vnode's rows strictly after
     /// `after`, its position) into the rows it hands out from now on, starting with
     /// `unread`: the rows it handed out that were not consumed, in order, all after `after`.
-    /// `patched_bytes` is the merger's running total of [`Self::patch_bytes`].
     pub fn patch(
         &mut self,
         unread: Option<KeyedBatch>,
         patch: Patch,
         after: Option<&Position>,
-        patched_bytes: &mut usize,
     ) -> Result<()> {
         if let Some(unread) = unread.filter(|b| !b.is_empty()) {
             if self.unread.is_some() {
@@ -87,16 +83,9 @@ impl<S: SnapshotScan> MergeInput<S> {
             }
             self.unread = Some(unread);
         }
-        *patched_bytes -= self.patch_bytes();
         self.patches.push(patch)?;
-        *patched_bytes += self.patch_bytes();
         self.continue_after(after);
         Ok(())
-    }
-
-    /// The memory held by changes not yet merged.
-    pub fn patch_bytes(&self) -> usize {
-        self.patches.bytes()
     }
 
     /// The order check continues from `after`: rows read ahead of it and not emitted may
@@ -122,11 +111,8 @@ impl<S: SnapshotScan> MergeInput<S> {
         &mut self,
         table: &str,
         schema: &mut Option<SchemaRef>,
-        patched_bytes: &mut usize,
     ) -> Result<Option<KeyedBatch>> {
-        self.next_batch_with(table, schema, patched_bytes, |batch| {
-            first_unordered(&batch.keys)
-        })
+        self.next_batch_with(table, schema, |batch| first_unordered(&batch.keys))
     }
 
     /// Like [`MergeInput::next_batch`], with `unordered` finding the first row of a batch
@@ -137,7 +123,6 @@ impl<S: SnapshotScan> MergeInput<S> {
         &mut self,
         table: &str,
         schema: &mut Option<SchemaRef>,
-        patched_bytes: &mut usize,
         unordered: impl Fn(&KeyedBatch) -> Option<usize>,
     ) -> Result<Option<KeyedBatch>> {
         loop {
@@ -145,14 +130,7 @@ impl<S: SnapshotScan> MergeInput<S> {
                 Some(unread) => Some(unread),
                 None => self.scan_next()?,
             };
-            let next = if self.patches.is_empty() {
-                next
-            } else {
-                *patched_bytes -= self.patch_bytes();
-                let rows = self.patches.apply(next)?;
-                *patched_bytes += self.patch_bytes();
-                rows
-            };
+            let next = self.patches.apply(next)?;
             let Some(batch) = next else {
                 return Ok(None);
             };
@@ -223,7 +201,7 @@ mod tests {
     fn drain(input: &mut MergeInput<VecScan>) -> Result<Vec<usize>> {
         let mut schema = None;
         let mut sizes = Vec::new();
-        while let Some(b) = input.next_batch("t", &mut schema, &mut 0)? {
+        while let Some(b) = input.next_batch("t", &mut schema)? {
             sizes.push(b.num_rows());
         }
         Ok(sizes)

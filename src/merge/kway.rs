@@ -178,10 +178,6 @@ impl<S: SnapshotScan> RestartInputs<S> for KWayMerge<S> {
     fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
         with_merge!(&mut self.engine, m => m.patch(vnode, patch, after))
     }
-
-    fn patched_bytes(&self) -> usize {
-        with_merge!(&self.engine, m => m.patched_bytes)
-    }
 }
 
 /// Where a merge is in its life.
@@ -209,13 +205,11 @@ struct Merge<S, C: Cursor> {
     /// Vnodes found exhausted since the last output.
     exhausted: Vec<VirtualNode>,
     /// True when a batch was admitted that made the entries in the tree stale
-    /// ([`Cursor::admit`]), or inputs were restarted: the tree must be rebuilt rather than
-    /// replayed.
+    /// ([`Cursor::admit`]), or inputs were restarted or patched: the tree must be rebuilt
+    /// rather than replayed.
     stale: bool,
     /// The input of each vnode.
     index: HashMap<VirtualNode, usize>,
-    /// The memory held by the inputs' patches not yet merged.
-    patched_bytes: usize,
 }
 
 impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
@@ -247,7 +241,6 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             schema: None,
             exhausted: Vec::new(),
             stale: false,
-            patched_bytes: 0,
         }
     }
 
@@ -276,7 +269,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     /// for the next output), and the tree is rebuilt before the next output.
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
         let input = self.input_between_outputs(vnode, "restart")?;
-        self.inputs[input].restart(scan, after, &mut self.patched_bytes);
+        self.inputs[input].restart(scan, after);
         self.refetch(input)
     }
 
@@ -289,7 +282,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
             (Some(cursor), Some(batch)) => Some(batch.slice(cursor.row(), cursor.remaining())),
             _ => None,
         };
-        self.inputs[input].patch(unread, patch, after, &mut self.patched_bytes)?;
+        self.inputs[input].patch(unread, patch, after)?;
         self.refetch(input)
     }
 
@@ -315,6 +308,10 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
         }
         self.cursors[input] = None;
         self.builder.finish_input(input);
+        // Found exhausted since the last output, the input may have rows again: it is
+        // reported when it is exhausted anew.
+        let vnode = self.inputs[input].vnode();
+        self.exhausted.retain(|v| *v != vnode);
         self.fetch(input)?;
         self.stale = true;
         Ok(())
@@ -399,12 +396,7 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     fn fetch(&mut self, input: usize) -> Result<()> {
         let config = &self.config;
         let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
-        let next = self.inputs[input].next_batch_with(
-            &self.table,
-            &mut self.schema,
-            &mut self.patched_bytes,
-            unordered,
-        )?;
+        let next = self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)?;
         match next {
             Some(batch) => {
                 if C::admit(&mut self.config, &batch) {
@@ -437,6 +429,8 @@ mod tests {
         Case, KeyShape, VecScan, check_outputs, check_restarts, clustered_case, drain, ids,
         int_key, int_rows, int_rows_with_ids, random_case,
     };
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
 
     fn kway(case: &Case, batch_size: usize) -> KWayMerge<VecScan> {
         KWayMerge::new(&case.pk, case.scans(), batch_size).unwrap()
@@ -549,6 +543,53 @@ mod tests {
                 KWayMerge::new(&int_key(false), inputs, batch_size).unwrap()
             });
         }
+    }
+
+    /// Between two outputs a patch deletes the rest of a vnode (found exhausted), then a
+    /// second one gives it a row again: it is not reported exhausted before that row.
+    #[test]
+    fn a_vnode_patched_empty_then_given_a_row_is_not_reported_exhausted_early() {
+        let pk = int_key(false);
+        let inputs = vec![
+            (
+                VirtualNode::new(1),
+                VecScan::new(vec![int_rows(&pk, &[1, 5])]),
+            ),
+            (
+                VirtualNode::new(2),
+                VecScan::new(vec![int_rows(&pk, &[2, 9])]),
+            ),
+        ];
+        let mut merge = KWayMerge::new(&pk, inputs, 1).unwrap();
+        let first = merge.next_output().unwrap().unwrap();
+        assert_eq!(first.batch.num_rows(), 1);
+        let after = first.batch.last_position();
+        let delete = Patch::new(int_rows(&pk, &[5]), Some(vec![true].into())).unwrap();
+        merge
+            .patch(VirtualNode::new(1), delete, after.as_ref())
+            .unwrap();
+        let insert = Patch::new(int_rows(&pk, &[7]), None).unwrap();
+        merge
+            .patch(VirtualNode::new(1), insert, after.as_ref())
+            .unwrap();
+        let outputs = drain(&mut merge, 10).unwrap();
+        let mut seen = Vec::new();
+        for output in &outputs {
+            let keys = output.batch.batch.column(0).as_primitive::<Int64Type>();
+            seen.extend(keys.values().iter().copied());
+            if output.exhausted.contains(&VirtualNode::new(1)) {
+                assert!(
+                    seen.contains(&7),
+                    "vnode 1 reported before its row 7: {seen:?}"
+                );
+            }
+        }
+        assert_eq!(seen, [2, 7, 9]);
+        let reported = outputs
+            .iter()
+            .filter(|o| o.exhausted.contains(&VirtualNode::new(1)))
+            .count();
+        assert_eq!(reported, 1);
     }
 
     #[test]

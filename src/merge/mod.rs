@@ -95,7 +95,7 @@ pub(crate) mod testing;
 pub use cursor::CursorKind;
 pub use kway::KWayMerge;
 pub(crate) use loser_tree::{Entry, LoserTree};
-pub use patch::Patch;
+pub use patch::{Patch, PatchLedger};
 pub use round_robin::RoundRobin;
 
 use crate::error::Result;
@@ -158,8 +158,4 @@ pub trait RestartInputs<S: SnapshotScan>: SnapshotMerger {
     /// the changes of a barrier the filter dropped are exactly those. Patches of several
     /// barriers stack, the newest winning. Only between outputs.
     fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()>;
-
-    /// The memory held by patches not yet merged into rows handed out (the backfill bounds
-    /// it, restarting scans instead when a patch would pass its budget).
-    fn patched_bytes(&self) -> usize;
 }

@@ -11,12 +11,15 @@
 //!
 //! ```text
 //!   scan:   [2 5 8] [11 14]            patch: 5 (new value), 9, 14 (tombstone), 20
-//!   input:  [2 5' 8 9] [11] [20]       (rows of the patch up to a batch's last key go into
+//!   input:  [2 5' 8] [9 11] [20]       (rows of the patch up to a batch's last key go into
 //!                                       that batch; what is left after the scan's end last)
 //! ```
 //!
 //! A patch holds, per key, the newest change: an upsert (Insert or U+) or a tombstone
 //! (Delete or U-), as a store applies an epoch's changes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow_array::Array;
 use arrow_array::cast::AsArray;
@@ -26,8 +29,8 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 use crate::chunk::StreamChunk;
 use crate::error::{Result, internal};
 use crate::key::first_unordered;
-use crate::store::KeyedBatch;
 use crate::store::run::{build_sliced_runs, newest_tier, partition_point};
+use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -37,8 +40,34 @@ pub struct Patch {
     rows: KeyedBatch,
     /// `deleted[i]`: row `i` is a tombstone; `None` when none is.
     deleted: Option<BooleanBuffer>,
-    /// The memory a row accounts for (rows may share buffers with other patches).
-    row_bytes: usize,
+    /// The buffers the rows are a slice of (a barrier's changes of every vnode, shared).
+    origin: Arc<Origin>,
+}
+
+/// The memory of patches, counted once per buffer while any patch holds a slice of it.
+pub type PatchLedger = Arc<AtomicUsize>;
+
+/// Buffers patches are slices of, counted in a [`PatchLedger`] until the last is dropped.
+#[derive(Debug)]
+struct Origin {
+    bytes: usize,
+    ledger: PatchLedger,
+}
+
+impl Origin {
+    fn new(bytes: usize, ledger: &PatchLedger) -> Arc<Self> {
+        ledger.fetch_add(bytes, Ordering::Relaxed);
+        Arc::new(Self {
+            bytes,
+            ledger: ledger.clone(),
+        })
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.ledger.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl Patch {
@@ -63,19 +92,21 @@ impl Patch {
         if let Some(row) = first_unordered(&rows.keys) {
             return Err(internal!("patch keys do not increase at row {row}"));
         }
-        let bytes = rows.batch.get_array_memory_size() + rows.keys.get_array_memory_size();
-        let row_bytes = bytes.div_ceil(rows.num_rows().max(1));
+        let origin = Origin::new(memory(&rows), &PatchLedger::default());
         Ok(Self {
             rows,
             deleted,
-            row_bytes,
+            origin,
         })
     }
 
-    /// The changes of `chunks` (in order: the newest change of a key wins) per vnode.
+    /// The changes of `chunks` (in order: the newest change of a key wins) per vnode, their
+    /// memory counted in `ledger` (once: the patches are slices of one batch) until the last
+    /// of them, or what is merged from them, is dropped.
     pub(crate) fn by_vnode(
         desc: &TableDesc,
         chunks: &[StreamChunk],
+        ledger: &PatchLedger,
     ) -> Result<Vec<(VirtualNode, Patch)>> {
         if chunks.is_empty() {
             return Ok(Vec::new());
@@ -84,13 +115,15 @@ impl Patch {
         let vnodes = desc.vnodes_of(all.batch())?;
         // One copy of the rows, sorted by vnode and key; each vnode's patch is a slice.
         let (runs, row_bytes) = build_sliced_runs(desc, all.batch(), all.ops(), &vnodes)?;
+        let rows: usize = runs.iter().map(|(_, run)| run.len()).sum();
+        let origin = Origin::new(rows * row_bytes, ledger);
         Ok(runs
             .into_iter()
             .map(|(vnode, run)| {
                 let patch = Patch {
                     rows: run.data,
                     deleted: run.deleted,
-                    row_bytes,
+                    origin: origin.clone(),
                 };
                 (vnode, patch)
             })
@@ -107,11 +140,6 @@ impl Patch {
         self.len() == 0
     }
 
-    /// The memory the patch accounts for.
-    pub fn bytes(&self) -> usize {
-        self.len() * self.row_bytes
-    }
-
     fn key(&self, i: usize) -> &[u8] {
         self.rows.keys.value(i)
     }
@@ -122,7 +150,7 @@ impl Patch {
         Self {
             rows: self.rows.slice(from, len),
             deleted: self.deleted.as_ref().map(|d| d.slice(from, len)),
-            row_bytes: self.row_bytes,
+            origin: self.origin.clone(),
         }
     }
 
@@ -144,10 +172,16 @@ impl Patch {
                 });
                 let indices: Vec<(usize, usize)> = picks.iter().map(|&(s, r, _)| (s, r)).collect();
                 let rows: Vec<&KeyedBatch> = patches.iter().map(|p| &p.rows).collect();
+                let mut rows = gather(&rows, &indices)?;
+                // A copy of its own, counted where the patches merged were: its string views
+                // get their own bytes too (gathered views point into every source's buffers,
+                // which would stay alive, uncounted).
+                rows.batch = gc_views(rows.batch)?;
+                let origin = Origin::new(memory(&rows), &patches[0].origin.ledger);
                 Ok(Patch {
-                    rows: gather(&rows, &indices)?,
+                    rows,
                     deleted,
-                    row_bytes: patches.iter().map(|p| p.row_bytes).max().unwrap_or(0),
+                    origin,
                 })
             }
         }
@@ -180,13 +214,9 @@ pub(crate) struct Patches {
 const MAX_PATCHES: usize = 8;
 
 impl Patches {
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.stack.is_empty()
-    }
-
-    /// The memory the patches account for.
-    pub fn bytes(&self) -> usize {
-        self.stack.iter().map(Patch::bytes).sum()
     }
 
     /// Adds the newest patch.
@@ -292,6 +322,11 @@ fn merge_sorted(sources: &[Sorted<'_>]) -> Vec<(usize, usize, bool)> {
             }
         }
     }
+}
+
+/// The memory of a batch's buffers.
+fn memory(rows: &KeyedBatch) -> usize {
+    rows.batch.get_array_memory_size() + rows.keys.get_array_memory_size()
 }
 
 /// The rows `(source, row)` of `sources` (one schema), with their keys.
@@ -417,6 +452,38 @@ mod tests {
         }
     }
 
+    /// A buffer is counted once however many patches hold slices of it, until the last is
+    /// dropped; a merge counts its own copy.
+    #[test]
+    fn the_ledger_counts_each_buffer_once_while_held() {
+        let ledger = PatchLedger::default();
+        let rows = int_rows_with_ids(&int_key(false), &[1, 2, 3, 4], 0);
+        let bytes = memory(&rows);
+        let origin = Origin::new(bytes, &ledger);
+        let patch = |from: usize, len: usize| Patch {
+            rows: rows.slice(from, len),
+            deleted: None,
+            origin: origin.clone(),
+        };
+        let (a, b) = (patch(0, 2), patch(2, 2));
+        drop(origin);
+        assert_eq!(ledger.load(Ordering::Relaxed), bytes);
+        let tail = a.tail(1);
+        drop(a);
+        assert_eq!(
+            ledger.load(Ordering::Relaxed),
+            bytes,
+            "a slice still holds it"
+        );
+        let merged = Patch::merged(&[&tail, &b]).unwrap();
+        let copy = memory(&merged.rows);
+        assert_eq!(ledger.load(Ordering::Relaxed), bytes + copy);
+        drop((tail, b));
+        assert_eq!(ledger.load(Ordering::Relaxed), copy);
+        drop(merged);
+        assert_eq!(ledger.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn a_patch_checks_its_shape() {
         let pk = int_key(false);
@@ -427,6 +494,5 @@ mod tests {
         assert!(Patch::new(rows.clone(), Some(short)).is_err());
         let patch = Patch::new(rows, None).unwrap();
         assert_eq!(patch.len(), 2);
-        assert!(patch.bytes() > 0);
     }
 }

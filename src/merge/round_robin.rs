@@ -56,8 +56,6 @@ pub struct RoundRobin<S: SnapshotScan> {
     schema: Option<SchemaRef>,
     /// An output gathers batches of successive inputs up to this many rows (1: one batch).
     output_rows: usize,
-    /// The memory held by the inputs' patches not yet merged.
-    patched_bytes: usize,
 }
 
 impl<S: SnapshotScan> RoundRobin<S> {
@@ -80,7 +78,6 @@ impl<S: SnapshotScan> RoundRobin<S> {
             table: String::new(),
             schema: None,
             output_rows: 1,
-            patched_bytes: 0,
         }
     }
 
@@ -117,11 +114,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
                 Some(batch) => batch,
-                None => match input.next_batch(
-                    &self.table,
-                    &mut self.schema,
-                    &mut self.patched_bytes,
-                )? {
+                None => match input.next_batch(&self.table, &mut self.schema)? {
                     Some(batch) => batch,
                     None => {
                         self.queued[turn] = false;
@@ -137,7 +130,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                 break;
             }
             // Look ahead, so the vnode's exhaustion travels with its last rows.
-            match input.next_batch(&self.table, &mut self.schema, &mut self.patched_bytes)? {
+            match input.next_batch(&self.table, &mut self.schema)? {
                 Some(next) => {
                     self.ahead[turn] = Some(next);
                     self.turns.push_back(turn);
@@ -184,7 +177,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
 impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
         let input = self.input(vnode, "restart")?;
-        self.inputs[input].restart(scan, after, &mut self.patched_bytes);
+        self.inputs[input].restart(scan, after);
         self.ahead[input] = None;
         self.requeue(input);
         Ok(())
@@ -194,13 +187,9 @@ impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
         let input = self.input(vnode, "patch")?;
         // The batch fetched ahead goes back to the input, to be handed out patched.
         let unread = self.ahead[input].take();
-        self.inputs[input].patch(unread, patch, after, &mut self.patched_bytes)?;
+        self.inputs[input].patch(unread, patch, after)?;
         self.requeue(input);
         Ok(())
-    }
-
-    fn patched_bytes(&self) -> usize {
-        self.patched_bytes
     }
 }
 

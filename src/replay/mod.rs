@@ -42,5 +42,5 @@ pub use generate::{
     GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
 };
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
-pub(crate) use validate::{Observed, SnapshotFeed};
+pub(crate) use validate::{Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
 pub use verify::{VerifyReport, verify, verify_with};

@@ -33,6 +33,9 @@ use arrow_array::RecordBatch;
 
 /// Rows per batch read during validation.
 const BATCH_SIZE: usize = 8192;
+/// The snapshot rows a validation takes at a time from the start of each file: a feed of
+/// batches this size keeps its errors where reading the files itself would meet them.
+pub(crate) const SNAPSHOT_CHUNK_ROWS: usize = BATCH_SIZE;
 /// Batches decoded ahead of the sort, on a reader thread.
 const READ_AHEAD: usize = 8;
 
@@ -153,7 +156,15 @@ fn read(
     // they come in: which error is met first depends on it (module docs).
     let mut chunk = Chunk::default();
     for item in snapshot {
-        let (file, batch) = input!(item);
+        let (file, batch) = match item {
+            Ok(item) => item,
+            Err(e) => {
+                // What was read before the error comes first. (Read BATCH_SIZE rows a
+                // batch, a chunk left is the end of a file before the one that failed.)
+                input!(chunk.flush(dataset, rows, summary, observe)?);
+                return Ok(Some(e));
+            }
+        };
         if file != chunk.file {
             input!(chunk.flush(dataset, rows, summary, observe)?);
             chunk = Chunk {
@@ -548,6 +559,30 @@ mod tests {
                 assert_eq!(found, expected, "fed {batch_rows} rows a batch");
             }
         }
+    }
+
+    /// A file that cannot be decoded comes after the rows of the files before it: a
+    /// duplicate key in the last rows of the first file is the error reported, fed or not.
+    #[test]
+    fn rows_before_an_unreadable_file_are_checked_first() {
+        let dir = dataset(MANIFEST, &[rows("1 a\n2 b\n1 c"), rows("5 e\n6 f")], &[]);
+        let ds = Dataset::open(dir.path()).unwrap();
+        // Garbage over the second file's first page (its footer, read on open, stays).
+        let second = ds.snapshot_files()[1].clone();
+        let mut bytes = std::fs::read(&second).unwrap();
+        for b in &mut bytes[4..40] {
+            *b = 0xEE;
+        }
+        std::fs::write(&second, bytes).unwrap();
+        let expected = format!("{:?}", ds.validate());
+        assert!(expected.contains("duplicate"), "{expected}");
+        let options = ExternalSortOptions::new(std::env::temp_dir());
+        let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(BATCH_SIZE));
+        let found = format!(
+            "{:?}",
+            validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
+        );
+        assert_eq!(found, expected);
     }
 
     /// Differential: the bounded validator and the in-memory model agree, error for error
