@@ -254,19 +254,17 @@ impl Patches {
         }
         // The scanned rows are the oldest source and hold no tombstone.
         let mut sources: Vec<Sorted<'_>> = Vec::with_capacity(1 + self.stack.len());
-        let mut batches: Vec<&KeyedBatch> = Vec::with_capacity(1 + self.stack.len());
         if let Some(batch) = &batch {
             sources.push(Sorted {
                 rows: batch,
                 deleted: None,
                 end: batch.num_rows(),
             });
-            batches.push(batch);
         }
         for (patch, &end) in self.stack.iter().zip(&upto) {
             sources.push(patch.sorted(end));
-            batches.push(&patch.rows);
         }
+        let batches: Vec<&KeyedBatch> = sources.iter().map(|s| s.rows).collect();
         let indices: Vec<(usize, usize)> = merge_sorted(&sources)
             .into_iter()
             .filter(|&(_, _, dead)| !dead)

@@ -107,17 +107,15 @@ struct Input {
 impl Input {
     /// The rows the job reads.
     fn rows(&self) -> u64 {
-        let from = match self.plan {
-            Plan::Full => 0,
-            Plan::Deltas { from } => from,
+        let deltas = |from: usize| -> u64 {
+            self.runs.deltas[from..]
+                .iter()
+                .map(|(_, d)| d.span.rows)
+                .sum()
         };
-        let deltas: u64 = self.runs.deltas[from..]
-            .iter()
-            .map(|(_, d)| d.span.rows)
-            .sum();
         match self.plan {
-            Plan::Full => deltas + self.runs.base_rows(),
-            Plan::Deltas { .. } => deltas,
+            Plan::Full => deltas(0) + self.runs.base_rows(),
+            Plan::Deltas { from } => deltas(from),
         }
     }
 }
@@ -259,11 +257,10 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     for input in &job {
         let mut merge = match input.plan {
             Plan::Full => Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?),
-            Plan::Deltas { from } => {
-                let mut sources = input.runs.delta_sources();
-                let merged = sources.split_off(from);
-                Merge::Deltas(MergeReader::new(merged, None, SEGMENT_ROWS)?.keeping_tombstones())
-            }
+            Plan::Deltas { from } => Merge::Deltas(
+                MergeReader::new(input.runs.delta_sources(from), None, SEGMENT_ROWS)?
+                    .keeping_tombstones(),
+            ),
         };
         let Some(first) = merge.next()? else {
             continue;

@@ -359,7 +359,7 @@ impl VnodeRuns {
             [base] => sources.push(Box::new(base.clone())),
             chain => sources.push(Box::new(Chain::new(chain.to_vec()))),
         }
-        sources.extend(self.delta_sources());
+        sources.extend(self.delta_sources(0));
         sources
     }
 
@@ -386,9 +386,9 @@ impl VnodeRuns {
         self.base.iter().chain(self.deltas.iter().map(|(_, d)| d))
     }
 
-    /// The committed deltas alone, oldest first.
-    fn delta_sources(&self) -> Vec<Box<dyn RunList>> {
-        self.deltas
+    /// The committed deltas from `from` on, oldest first.
+    fn delta_sources(&self, from: usize) -> Vec<Box<dyn RunList>> {
+        self.deltas[from..]
             .iter()
             .map(|(_, delta)| Box::new(delta.clone()) as Box<dyn RunList>)
             .collect()
