@@ -22,6 +22,7 @@ mod actors;
 mod aligned_merge;
 pub(crate) mod barrier;
 mod certificate;
+mod column_writer;
 mod control;
 mod dispatcher;
 mod handle;

@@ -38,7 +38,6 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
 use hashbrown::HashSet;
 use parquet::arrow::ArrowSchemaConverter;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
@@ -46,6 +45,7 @@ use parquet::schema::types::ColumnPath;
 use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
+use crate::job::column_writer::ColumnParallelWriter;
 use crate::store::io::{StorageIo, named};
 use crate::table::TableDesc;
 
@@ -146,47 +146,100 @@ impl Drop for Encoder {
     }
 }
 
+/// Rows the encoder takes off its queue at a time, when that many are waiting: a group is
+/// encoded with one rayon task a column, so the tasks' fixed costs are paid per group, not
+/// per chunk.
+const GROUP_ROWS: usize = 16 * 1024;
+
 /// Encodes chunks until the sender goes; the first error of a file is its `Finish` answer.
+///
+/// Chunks that wait in the queue are taken together (up to [`GROUP_ROWS`]) and encoded as
+/// one group: the columns in parallel ([`ColumnParallelWriter`]), the digest beside them.
 fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
-    let mut writer: Option<ArrowWriter<Vec<u8>>> = None;
+    let mut writer: Option<ColumnParallelWriter> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
     let mut dictionaries = DictionaryChoice::default();
-    for job in rx {
+    // The size of the last file: the next one's buffer starts that big.
+    let mut last_len = 0usize;
+    let mut next: Option<Job> = None;
+    loop {
+        let job = match next.take() {
+            Some(job) => job,
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            },
+        };
         match job {
             Job::Digest(desc) => {
                 let empty = TableDigest::new(desc.vnode_count());
                 digest = Some((desc, empty));
             }
             Job::Chunk(epoch, chunk) => {
+                let mut group_rows = chunk.num_rows();
+                let mut group = vec![(epoch, chunk)];
+                while group_rows < GROUP_ROWS {
+                    match rx.try_recv() {
+                        Ok(Job::Chunk(epoch, chunk)) => {
+                            group_rows += chunk.num_rows();
+                            group.push((epoch, chunk));
+                        }
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
                 if failed.is_some() {
                     continue;
                 }
                 let encoded = (|| -> Result<()> {
-                    let batch = chunk.to_changelog(Some(epoch))?;
+                    let batches = (group.iter())
+                        .map(|(epoch, chunk)| chunk.to_changelog(Some(*epoch)))
+                        .collect::<Result<Vec<_>>>()?;
                     let writer = match &mut writer {
                         Some(w) => w,
-                        None => writer.insert(new_writer(schema, &dictionaries)?),
+                        None => {
+                            let props = writer_properties(schema, &dictionaries)?;
+                            let buffer = Vec::with_capacity(last_len + last_len / 8);
+                            writer.insert(ColumnParallelWriter::try_new(
+                                buffer,
+                                Arc::clone(schema),
+                                props,
+                            )?)
+                        }
                     };
-                    dictionaries.observe(&batch);
-                    writer.write(&batch)?;
-                    if let Some((desc, digest)) = &mut digest {
-                        digest.apply(desc, &chunk)?;
+                    for batch in &batches {
+                        dictionaries.observe(batch);
                     }
-                    Ok(())
+                    let digested = || -> Result<()> {
+                        if let Some((desc, digest)) = &mut digest {
+                            for (_, chunk) in &group {
+                                digest.apply(desc, chunk)?;
+                            }
+                        }
+                        Ok(())
+                    };
+                    let (written, digested) = rayon::join(|| writer.write(&batches), digested);
+                    written.and(digested)
                 })();
                 match encoded {
-                    Ok(()) => rows += chunk.num_rows() as u64,
+                    Ok(()) => rows += group_rows as u64,
                     Err(e) => failed = Some(e),
                 }
             }
             Job::Finish(reply) => {
                 let result = match (failed.take(), writer.take()) {
                     (Some(e), _) => Err(e),
-                    (None, Some(w)) => w.into_inner().map_err(Error::from),
+                    (None, Some(w)) => w.finish(),
                     (None, None) => Ok(Vec::new()),
                 };
+                if let Ok(bytes) = &result {
+                    last_len = bytes.len();
+                }
                 let file_digest = digest.as_mut().map(|(desc, digest)| {
                     std::mem::replace(digest, TableDigest::new(desc.vnode_count()))
                 });
@@ -347,15 +400,6 @@ fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<Wr
         }
     }
     Ok(builder.build())
-}
-
-fn new_writer(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<ArrowWriter<Vec<u8>>> {
-    let props = writer_properties(schema, choice)?;
-    Ok(ArrowWriter::try_new(
-        Vec::new(),
-        Arc::clone(schema),
-        Some(props),
-    )?)
 }
 
 /// Writes the downstream changelog as Parquet files, one per checkpoint.
