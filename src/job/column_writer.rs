@@ -29,8 +29,35 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
-/// Writes one Parquet file into a `Vec<u8>`, its columns encoded in parallel.
-pub(crate) struct ColumnParallelWriter {
+/// Writes one Parquet file into a `Vec<u8>`, its columns encoded in parallel (on rayon's
+/// global pool): the file [`ArrowWriter`] writes from the same batches and properties.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use arrow_array::{Int64Array, RecordBatch, StringArray};
+/// # use arrow_schema::{DataType, Field, Schema};
+/// # use parquet::file::properties::WriterProperties;
+/// use arrangement_backfill::job::ColumnParallelWriter;
+///
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("k", DataType::Int64, false),
+///     Field::new("s", DataType::Utf8, true),
+/// ]));
+/// let batch = RecordBatch::try_new(
+///     schema.clone(),
+///     vec![
+///         Arc::new(Int64Array::from(vec![1, 2, 3])),
+///         Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+///     ],
+/// )?;
+/// let mut writer =
+///     ColumnParallelWriter::try_new(Vec::new(), schema, WriterProperties::default())?;
+/// writer.write(&[batch.clone(), batch])?;
+/// let bytes = writer.finish()?;
+/// assert_eq!(&bytes[..4], b"PAR1");
+/// # Ok::<(), arrangement_backfill::Error>(())
+/// ```
+pub struct ColumnParallelWriter {
     file: SerializedFileWriter<Vec<u8>>,
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,

@@ -33,6 +33,7 @@ pub(crate) mod sink;
 mod validation;
 
 pub use certificate::{Certificate, TableDigest, certify_output};
+pub use column_writer::ColumnParallelWriter;
 pub use control::{CONTROL_CAPACITY, JobControl};
 pub use dispatcher::VnodeMap;
 pub use handle::BackfillJob;
