@@ -113,8 +113,10 @@ impl ColumnParallelWriter {
                     pending.push(batch);
                     break;
                 }
-                pending.push(batch.slice(0, room));
-                batch = batch.slice(room, batch.num_rows() - room);
+                if room > 0 {
+                    pending.push(batch.slice(0, room));
+                    batch = batch.slice(room, batch.num_rows() - room);
+                }
                 self.encode(&pending)?;
                 pending.clear();
                 self.flush_group()?;
@@ -333,6 +335,19 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn row_groups_filled_exactly_by_whole_batches() {
+        let batches: Vec<RecordBatch> = batches(11, 60)
+            .into_iter()
+            .filter(|b| b.num_rows() >= 50)
+            .map(|b| b.slice(0, 50))
+            .collect();
+        let expected = with_arrow_writer(&batches, props(100));
+        for group_by in [1, 2, 3, 7] {
+            assert!(with_parallel_writer(&batches, props(100), group_by) == expected);
         }
     }
 
