@@ -41,12 +41,29 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// replay's samples). Its memory is bounded by its budgets, so keeping the high-water mark
 /// costs little. Chosen by measurement (BENCHMARKS.md, "Fewer bytes for zstd, cheaper block
 /// reads, integer sorts, kept pages": scale-1 CPU 0.91-0.95x, peak memory +5-8%).
+///
+/// mimalloc reads its options when the process starts, before `main`, so a *default* set
+/// here would be ignored (`mi_option_set_default` skips an option already read, which every
+/// option is by then): the value is set outright, unless the environment named the option.
 #[expect(unsafe_code, reason = "setting a mimalloc option; see SAFETY")]
 fn keep_freed_memory() {
+    if purge_delay_in_environment() {
+        return;
+    }
     // SAFETY: mimalloc's options are not synchronized: this runs first in `main`, before the
-    // program starts any thread. -1 is the documented "never purge" value of this option; a
-    // default does not override a value the environment set.
-    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, -1) }
+    // program starts any thread. -1 is the documented "never purge" value of this option.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+}
+
+/// Whether the environment sets mimalloc's purge delay: `MIMALLOC_PURGE_DELAY` or its legacy
+/// name `MIMALLOC_RESET_DELAY`, in any case (mimalloc compares names case-insensitively).
+fn purge_delay_in_environment() -> bool {
+    std::env::vars_os().any(|(name, _)| {
+        name.to_str().is_some_and(|name| {
+            name.eq_ignore_ascii_case("MIMALLOC_PURGE_DELAY")
+                || name.eq_ignore_ascii_case("MIMALLOC_RESET_DELAY")
+        })
+    })
 }
 
 /// Prints a line to stdout. A reader that went away (`backfill ... | head -1`) is not an
@@ -602,17 +619,20 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    /// The index the binary sets is mimalloc's purge delay: read back with its default of
-    /// 1000 ms (mimalloc v3), nothing else's value.
+    /// The index the binary sets is mimalloc's purge delay (read back with its default of
+    /// 1000 ms in mimalloc v3, nothing else's value), and setting it takes effect although
+    /// mimalloc read its options before the test started. The only test touching it.
     #[test]
     #[expect(unsafe_code, reason = "reading a mimalloc option; see SAFETY")]
-    fn the_purge_delay_option_is_the_one_named() {
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+    fn the_purge_delay_is_mimallocs_and_is_set() {
+        if purge_delay_in_environment() {
             return;
         }
-        // SAFETY: reads an option; no test of this binary sets mimalloc options.
-        let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(delay, 1000);
+        // SAFETY: reads an option; no other test of this binary touches mimalloc options.
+        let delay = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(delay(), 1000);
+        keep_freed_memory();
+        assert_eq!(delay(), -1);
     }
 
     #[test]
