@@ -50,8 +50,10 @@ fn keep_freed_memory() {
     if purge_delay_in_environment() {
         return;
     }
-    // SAFETY: mimalloc's options are not synchronized: this runs first in `main`, before the
-    // program starts any thread. -1 is the documented "never purge" value of this option.
+    // SAFETY: mimalloc's options are not synchronized, so this must run before any other
+    // thread may read them: first in `main`, before the program starts a thread (and in the
+    // one test that calls it, which no other test's use of mimalloc options can race). -1 is
+    // the documented "never purge" value of this option.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
 }
 
