@@ -7,6 +7,7 @@
 //! function.
 
 use arrow_array::cast::AsArray;
+use arrow_array::types::ByteViewType;
 use arrow_array::types::{
     ArrowPrimitiveType, Date32Type, Date64Type, Decimal128Type, DurationMicrosecondType,
     DurationMillisecondType, DurationNanosecondType, DurationSecondType, Float16Type, Float32Type,
@@ -15,7 +16,8 @@ use arrow_array::types::{
     TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type,
     UInt32Type, UInt64Type,
 };
-use arrow_array::{Array, ArrayRef, PrimitiveArray};
+use arrow_array::{Array, ArrayRef, GenericByteViewArray, PrimitiveArray};
+use arrow_data::ByteView;
 use arrow_schema::{DataType, TimeUnit};
 
 use crate::error::{Error, Result};
@@ -209,6 +211,14 @@ pub(crate) trait Fold {
     fn string(s: Self::State, v: &[u8]) -> Self::State {
         Self::u8(Self::bytes(s, v), BYTES_TERMINATOR)
     }
+
+    /// A string or binary of at most 12 bytes held in its view (`len` bytes from the view's
+    /// fifth byte on): [`Fold::string`] of those bytes.
+    #[inline(always)]
+    fn inline_view(s: Self::State, view: u128, len: usize) -> Self::State {
+        let bytes = view.to_le_bytes();
+        Self::string(s, &bytes[4..4 + len.min(12)])
+    }
 }
 
 /// The vnode hash (DESIGN section 4): the raw CRC-32 register.
@@ -245,8 +255,11 @@ impl Fold for Crc32 {
 }
 
 /// A 64-bit row hash: each value, widened to 64-bit words, is folded in with a 64x64->128
-/// multiply whose halves are xored ("mum", as in wyhash), a string's words then its length.
-/// Not a format (nothing persists it); finish a row with [`mix64`].
+/// multiply whose halves are xored ("mum", as in wyhash). A 128-bit value (a decimal) and
+/// each 16 bytes of a string (the last ones zero-padded) take one multiply of both halves;
+/// a string then folds in its length, which tells the padding, the empty string and where
+/// one column's string ends from the next. Not a format (nothing persists it); finish a row
+/// with [`mix64`].
 pub(crate) struct Mix64;
 
 /// An odd constant of mixed bits (the 64-bit golden ratio).
@@ -256,6 +269,23 @@ const MIX_K: u64 = 0x9E37_79B9_7F4A_7C15;
 fn mum(a: u64, b: u64) -> u64 {
     let p = u128::from(a) * u128::from(b);
     (p as u64) ^ ((p >> 64) as u64)
+}
+
+impl Mix64 {
+    /// Folds in two words at once. The state goes into both factors and is added back, so
+    /// that no pair of words cancels it.
+    #[inline(always)]
+    fn pair(s: u64, lo: u64, hi: u64) -> u64 {
+        mum(s ^ lo, MIX_K ^ hi ^ s.rotate_left(29)).wrapping_add(s)
+    }
+
+    /// The little-endian word of up to 8 bytes, zero-padded.
+    #[inline(always)]
+    fn word(bytes: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        w[..bytes.len()].copy_from_slice(bytes);
+        u64::from_le_bytes(w)
+    }
 }
 
 impl Fold for Mix64 {
@@ -281,20 +311,42 @@ impl Fold for Mix64 {
         mum(s ^ v, MIX_K ^ s.rotate_left(29)).wrapping_add(s)
     }
     #[inline(always)]
+    fn u128(s: u64, v: u128) -> u64 {
+        Self::pair(s, v as u64, (v >> 64) as u64)
+    }
+    #[inline(always)]
     fn bytes(mut s: u64, v: &[u8]) -> u64 {
-        let mut words = v.chunks_exact(8);
-        for word in &mut words {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            s = Self::u64(s, u64::from_le_bytes(w));
+        let mut blocks = v.chunks_exact(16);
+        for block in &mut blocks {
+            let (lo, hi) = block.split_at(8);
+            s = Self::pair(s, Self::word(lo), Self::word(hi));
         }
-        let tail = words.remainder();
+        let tail = blocks.remainder();
         if !tail.is_empty() {
-            let mut w = [0u8; 8];
-            w[..tail.len()].copy_from_slice(tail);
-            s = Self::u64(s, u64::from_le_bytes(w));
+            let (lo, hi) = tail.split_at(tail.len().min(8));
+            s = Self::pair(s, Self::word(lo), Self::word(hi));
         }
         Self::u64(s, v.len() as u64)
+    }
+    /// The length already ends the bytes: no terminator.
+    #[inline(always)]
+    fn string(s: u64, v: &[u8]) -> u64 {
+        Self::bytes(s, v)
+    }
+    /// [`Fold::string`] of the view's bytes, read from the view itself: its bytes 4 to 12
+    /// and 12 to 16 are the two words of the one (zero-padded) block.
+    #[inline(always)]
+    fn inline_view(s: u64, view: u128, len: usize) -> u64 {
+        let s = match len {
+            0 => s,
+            // Masked as the CRC's path reads only `len` bytes (arrow validates the padding
+            // as zeros, but an array built unchecked may not have it).
+            _ => {
+                let data = (view >> 32) & (u128::MAX >> (128 - 8 * len.min(12)));
+                Self::pair(s, data as u64, (data >> 64) as u64)
+            }
+        };
+        Self::u64(s, len as u64)
     }
 }
 
@@ -309,9 +361,11 @@ pub(crate) fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The [`Mix64`] hash of every row's values in `columns` (finished with [`mix64`]). Errors as
-/// [`hash_rows`].
-pub(crate) fn mix64_rows(columns: &[ArrayRef], num_rows: usize) -> Result<Vec<u64>> {
+/// A 64-bit hash of every row's values in `columns`: the completion certificate's row hash,
+/// order-independent checksums of whole rows summed per vnode. Equal values hash equal
+/// whatever their layout (`Utf8`, `LargeUtf8`, `Utf8View`; offsets and slices). It is not a
+/// format (nothing persists it) and may change between versions. Errors as [`hash_rows`].
+pub fn mix64_rows(columns: &[ArrayRef], num_rows: usize) -> Result<Vec<u64>> {
     let mut state = fold_rows::<Mix64>(columns, num_rows)?;
     for h in &mut state {
         *h = mix64(*h);
@@ -497,10 +551,10 @@ fn feed_column<F: Fold>(state: &mut [F::State], array: &dyn Array) -> Option<()>
         }
         Utf8 => feed_byte_values::<F>(state, array.as_string::<i32>().iter().map(as_bytes)),
         LargeUtf8 => feed_byte_values::<F>(state, array.as_string::<i64>().iter().map(as_bytes)),
-        Utf8View => feed_byte_values::<F>(state, array.as_string_view().iter().map(as_bytes)),
+        Utf8View => feed_views::<F, _>(state, array.as_string_view()),
         Binary => feed_byte_values::<F>(state, array.as_binary::<i32>().iter()),
         LargeBinary => feed_byte_values::<F>(state, array.as_binary::<i64>().iter()),
-        BinaryView => feed_byte_values::<F>(state, array.as_binary_view().iter()),
+        BinaryView => feed_views::<F, _>(state, array.as_binary_view()),
         _ => return None,
     }
     Some(())
@@ -539,6 +593,32 @@ fn feed_byte_values<'a, F: Fold>(
         *s = match v {
             Some(bytes) => F::string(*s, bytes),
             None => F::null(*s),
+        };
+    }
+}
+
+/// Folds a string or binary view column in, straight from its views: a value of up to 12
+/// bytes from the view itself ([`Fold::inline_view`]), a longer one from its data buffer.
+fn feed_views<F: Fold, T: ByteViewType + ?Sized>(
+    state: &mut [F::State],
+    array: &GenericByteViewArray<T>,
+) {
+    let buffers = array.data_buffers();
+    let nulls = array.nulls().filter(|n| n.null_count() > 0);
+    for (i, (s, &view)) in state.iter_mut().zip(array.views().iter()).enumerate() {
+        if nulls.is_some_and(|n| n.is_null(i)) {
+            *s = F::null(*s);
+            continue;
+        }
+        let len = view as u32 as usize;
+        *s = if len <= 12 {
+            F::inline_view(*s, view, len)
+        } else {
+            let view = ByteView::from(view);
+            let start = view.offset as usize;
+            // A valid array's views point into its buffers.
+            let bytes = &buffers[view.buffer_index as usize][start..start + len];
+            F::string(*s, bytes)
         };
     }
 }

@@ -369,8 +369,7 @@ fn column_name(i: usize) -> String {
 mod hash;
 mod row;
 
-pub(crate) use hash::mix64_rows;
-pub use hash::{compute_vnodes, hash_rows};
+pub use hash::{compute_vnodes, hash_rows, mix64_rows};
 pub use row::{hash_row, vnode_of_row};
 
 #[cfg(test)]
