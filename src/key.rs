@@ -197,6 +197,17 @@ impl PrimaryKey {
         self.encode_key_columns(&self.checked_key_columns(batch)?)
     }
 
+    /// Encodes the keys of several table batches, one after another, into one array.
+    pub fn encode_all(&self, batches: &[&RecordBatch]) -> Result<BinaryArray> {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut encoded = self.converter.empty_rows(rows, rows * 16);
+        for batch in batches {
+            let columns = canonical_float_columns(&self.checked_key_columns(batch)?);
+            self.converter.append(&mut encoded, &columns)?;
+        }
+        Ok(encoded.try_into_binary()?)
+    }
+
     /// Encodes key columns (in key order) given directly. Float columns are normalised
     /// first ([`canonical_floats`]).
     pub fn encode_key_columns(&self, columns: &[ArrayRef]) -> Result<BinaryArray> {

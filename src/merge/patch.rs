@@ -21,12 +21,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use arrow_array::Array;
 use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
 use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
 use arrow_select::interleave::{interleave, interleave_record_batch};
 
-use crate::chunk::StreamChunk;
+use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
 use crate::key::first_unordered;
 use crate::store::run::{build_sliced_runs, newest_tier, partition_point};
@@ -111,10 +111,16 @@ impl Patch {
         if chunks.is_empty() {
             return Ok(Vec::new());
         }
-        let all = StreamChunk::concat(desc.schema(), chunks)?;
-        let vnodes = desc.vnodes_of(all.batch())?;
+        let batches: Vec<&RecordBatch> = chunks.iter().map(StreamChunk::batch).collect();
+        let ops: Vec<Op> = (chunks.iter())
+            .flat_map(|c| c.ops().iter().copied())
+            .collect();
+        let mut vnodes = Vec::with_capacity(ops.len());
+        for batch in &batches {
+            vnodes.extend(desc.vnodes_of(batch)?);
+        }
         // One copy of the rows, sorted by vnode and key; each vnode's patch is a slice.
-        let (runs, row_bytes) = build_sliced_runs(desc, all.batch(), all.ops(), &vnodes)?;
+        let (runs, row_bytes) = build_sliced_runs(desc, &batches, &ops, &vnodes)?;
         let rows: usize = runs.iter().map(|(_, run)| run.len()).sum();
         let origin = Origin::new(rows * row_bytes, ledger);
         Ok(runs

@@ -228,19 +228,32 @@ pub(crate) fn build_runs(
         .collect()
 }
 
-/// [`build_runs`] for a store that writes its runs out soon: one `take` of the whole batch
-/// sorted by vnode then key, and each vnode's run a zero-copy slice of it. With many vnodes
-/// this is one copy of the rows instead of one small batch per vnode (32768 vnodes: 32768
+/// [`build_runs`] for a store that writes its runs out soon: one gather of the rows sorted
+/// by vnode then key, and each vnode's run a zero-copy slice of it. With many vnodes this is
+/// one copy of the rows instead of one small batch per vnode (32768 vnodes: 32768
 /// allocations per column). The slices share the batch's buffers until all are dropped, so
 /// the second value is the batch's bytes per row (rounded up), to account each run's memory
 /// as its share.
+///
+/// `batches` are read as one: rows numbered through them in order, `ops` and `vnodes` one
+/// per row. Several batches are gathered straight into the sorted one (`interleave`), not
+/// concatenated first: a bulk load's pieces are tens of MB, and the concatenation was a
+/// whole extra copy of each.
 pub(crate) fn build_sliced_runs(
     desc: &TableDesc,
-    batch: &RecordBatch,
+    batches: &[&RecordBatch],
     ops: &[Op],
     vnodes: &[VirtualNode],
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
-    let keys = desc.pk().encode(batch)?;
+    let keys = desc.pk().encode_all(batches)?;
+    if keys.len() != vnodes.len() || ops.len() != vnodes.len() {
+        return Err(internal!(
+            "{} rows with {} ops and {} vnodes",
+            keys.len(),
+            ops.len(),
+            vnodes.len()
+        ));
+    }
     // Rows grouped by vnode (a counting sort), then each group sorted by key.
     let mut starts = vec![0u32; desc.vnode_count().get() + 1];
     for vnode in vnodes {
@@ -283,7 +296,7 @@ pub(crate) fn build_sliced_runs(
     let any_delete = ops.iter().any(|op| !op.is_insert());
     let deleted = any_delete
         .then(|| BooleanBuffer::collect_bool(take.len(), |i| !ops[take[i] as usize].is_insert()));
-    let all = take_keyed(batch, &keys, &UInt32Array::from(take))?;
+    let all = gather_keyed(batches, &keys, take)?;
     let bytes = all.batch.get_array_memory_size() + all.keys.get_array_memory_size();
     let per_row = bytes.div_ceil(total.max(1));
     let runs = ranges
@@ -298,6 +311,63 @@ pub(crate) fn build_sliced_runs(
         })
         .collect();
     Ok((runs, per_row))
+}
+
+/// The rows `rows` (numbered through `batches` one after another) of the batches, with
+/// their `keys`: [`take_keyed`] of a single batch, an `interleave` of several (every column
+/// on its own rayon task, views compacted).
+fn gather_keyed(
+    batches: &[&RecordBatch],
+    keys: &BinaryArray,
+    rows: Vec<u32>,
+) -> Result<KeyedBatch> {
+    let indices = UInt32Array::from(rows);
+    let (first, more) = match batches {
+        [] => return Err(internal!("a gather of no batch")),
+        [batch] => return take_keyed(batch, keys, &indices),
+        [first, more @ ..] => (first, more),
+    };
+    // Each row's (batch, row within it).
+    let mut starts = Vec::with_capacity(batches.len());
+    let mut at = 0usize;
+    for batch in batches {
+        starts.push(at);
+        at += batch.num_rows();
+    }
+    let pairs: Vec<(usize, usize)> = indices
+        .values()
+        .iter()
+        .map(|&row| {
+            let row = row as usize;
+            let batch = starts.partition_point(|&start| start <= row) - 1;
+            (batch, row - starts[batch])
+        })
+        .collect();
+    let (columns, keys) = rayon::join(
+        || {
+            (0..first.num_columns())
+                .into_par_iter()
+                .map(|c| -> Result<ArrayRef> {
+                    let column: Vec<&dyn Array> = std::iter::once(*first)
+                        .chain(more.iter().copied())
+                        .map(|b| b.column(c).as_ref())
+                        .collect();
+                    let gathered = arrow_select::interleave::interleave(&column, &pairs)?;
+                    Ok(match gathered.data_type() {
+                        DataType::Utf8View => Arc::new(gathered.as_string_view().gc()),
+                        DataType::BinaryView => Arc::new(gathered.as_binary_view().gc()),
+                        _ => gathered,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        },
+        || arrow_select::take::take(keys, &indices, None),
+    );
+    let options = RecordBatchOptions::new().with_row_count(Some(indices.len()));
+    Ok(KeyedBatch {
+        batch: RecordBatch::try_new_with_options(first.schema(), columns?, &options)?,
+        keys: keys?.as_binary::<i32>().clone(),
+    })
 }
 
 /// A list of runs of one vnode whose key ranges follow each other, loaded on demand: the
@@ -356,14 +426,24 @@ pub(crate) fn build_pending_runs(
     }
 }
 
-/// [`build_sliced_runs`] of pending chunks.
+/// [`build_sliced_runs`] of pending chunks, gathered from the chunks themselves.
 pub(crate) fn build_pending_sliced_runs(
     desc: &TableDesc,
     pending: &[(StreamChunk, Vec<VirtualNode>)],
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
-    match concat_pending(desc, pending)? {
-        None => Ok((Vec::new(), 0)),
-        Some((all, vnodes)) => build_sliced_runs(desc, all.batch(), all.ops(), &vnodes),
+    match pending {
+        [] => Ok((Vec::new(), 0)),
+        [(chunk, vnodes)] => build_sliced_runs(desc, &[chunk.batch()], chunk.ops(), vnodes),
+        _ => {
+            let batches: Vec<&RecordBatch> = pending.iter().map(|(c, _)| c.batch()).collect();
+            let ops: Vec<Op> = (pending.iter())
+                .flat_map(|(c, _)| c.ops().iter().copied())
+                .collect();
+            let vnodes: Vec<VirtualNode> = (pending.iter())
+                .flat_map(|(_, v)| v.iter().copied())
+                .collect();
+            build_sliced_runs(desc, &batches, &ops, &vnodes)
+        }
     }
 }
 
@@ -870,16 +950,33 @@ mod tests {
             .unwrap();
             let vnode_of = desc.vnodes_of(&batch).unwrap();
             let want = build_runs(&desc, &batch, &ops, &vnode_of).unwrap();
-            let (got, per_row) = build_sliced_runs(&desc, &batch, &ops, &vnode_of).unwrap();
+            let same = |got: &[(VirtualNode, Run)]| {
+                assert_eq!(got.len(), want.len());
+                for ((gv, g), (wv, w)) in got.iter().zip(&want) {
+                    assert_eq!(gv, wv);
+                    assert_eq!(g.data.batch, w.data.batch, "vnode {gv}");
+                    assert_eq!(g.data.keys, w.data.keys, "vnode {gv}");
+                    let bits = |r: &Run| r.deleted.as_ref().map(|d| d.iter().collect::<Vec<_>>());
+                    assert_eq!(bits(g), bits(w), "vnode {gv}");
+                }
+            };
+            let (got, per_row) = build_sliced_runs(&desc, &[&batch], &ops, &vnode_of).unwrap();
             assert!(per_row > 0);
-            assert_eq!(got.len(), want.len());
-            for ((gv, g), (wv, w)) in got.iter().zip(&want) {
-                assert_eq!(gv, wv);
-                assert_eq!(g.data.batch, w.data.batch, "vnode {gv}");
-                assert_eq!(g.data.keys, w.data.keys, "vnode {gv}");
-                let bits = |r: &Run| r.deleted.as_ref().map(|d| d.iter().collect::<Vec<_>>());
-                assert_eq!(bits(g), bits(w), "vnode {gv}");
-            }
+            same(&got);
+            // The same rows in pieces of uneven sizes, gathered from the pieces.
+            let pieces = [
+                batch.slice(0, 1),
+                batch.slice(1, 700),
+                batch.slice(701, 0),
+                batch.slice(701, n - 701),
+            ];
+            let pieces: Vec<&RecordBatch> = pieces.iter().collect();
+            let (split, split_per_row) =
+                build_sliced_runs(&desc, &pieces, &ops, &vnode_of).unwrap();
+            assert!(split_per_row > 0);
+            same(&split);
+            // Rows, ops and vnodes that do not match are an error, not a panic.
+            assert!(build_sliced_runs(&desc, &pieces[..2], &ops, &vnode_of).is_err());
         }
     }
 }
