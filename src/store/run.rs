@@ -101,18 +101,18 @@ pub(crate) fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
     if !needs_gc {
         return Ok(batch);
     }
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| -> ArrayRef {
-            match c.data_type() {
-                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
-                _ => c.clone(),
-            }
-        })
-        .collect();
+    let columns: Vec<ArrayRef> = batch.columns().iter().cloned().map(gc_view).collect();
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// A string or binary view column with its own copy of just the bytes it uses (see
+/// [`gc_views`]); any other column as it is.
+fn gc_view(column: ArrayRef) -> ArrayRef {
+    match column.data_type() {
+        DataType::Utf8View => Arc::new(column.as_string_view().gc()),
+        DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
+        _ => column,
+    }
 }
 
 /// `take_record_batch(batch, indices)` with [`gc_views`] applied, and the encoded keys taken
@@ -130,12 +130,11 @@ pub(crate) fn take_keyed(
         || {
             (batch.columns().par_iter())
                 .map(|column| -> Result<ArrayRef> {
-                    let taken = arrow_select::take::take(column.as_ref(), indices, None)?;
-                    Ok(match taken.data_type() {
-                        DataType::Utf8View => Arc::new(taken.as_string_view().gc()),
-                        DataType::BinaryView => Arc::new(taken.as_binary_view().gc()),
-                        _ => taken,
-                    })
+                    Ok(gc_view(arrow_select::take::take(
+                        column.as_ref(),
+                        indices,
+                        None,
+                    )?))
                 })
                 .collect::<Result<Vec<_>>>()
         },
@@ -322,10 +321,10 @@ fn gather_keyed(
     rows: Vec<u32>,
 ) -> Result<KeyedBatch> {
     let indices = UInt32Array::from(rows);
-    let (first, more) = match batches {
+    let first = match batches {
         [] => return Err(internal!("a gather of no batch")),
         [batch] => return take_keyed(batch, keys, &indices),
-        [first, more @ ..] => (first, more),
+        [first, ..] => first,
     };
     // Each row's (batch, row within it).
     let mut starts = Vec::with_capacity(batches.len());
@@ -348,16 +347,11 @@ fn gather_keyed(
             (0..first.num_columns())
                 .into_par_iter()
                 .map(|c| -> Result<ArrayRef> {
-                    let column: Vec<&dyn Array> = std::iter::once(*first)
-                        .chain(more.iter().copied())
-                        .map(|b| b.column(c).as_ref())
-                        .collect();
-                    let gathered = arrow_select::interleave::interleave(&column, &pairs)?;
-                    Ok(match gathered.data_type() {
-                        DataType::Utf8View => Arc::new(gathered.as_string_view().gc()),
-                        DataType::BinaryView => Arc::new(gathered.as_binary_view().gc()),
-                        _ => gathered,
-                    })
+                    let column: Vec<&dyn Array> =
+                        batches.iter().map(|b| b.column(c).as_ref()).collect();
+                    Ok(gc_view(arrow_select::interleave::interleave(
+                        &column, &pairs,
+                    )?))
                 })
                 .collect::<Result<Vec<_>>>()
         },
