@@ -29,7 +29,7 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
 use crate::key::first_unordered;
-use crate::store::run::{build_sliced_runs, newest_tier, partition_point};
+use crate::store::run::{Run, build_sliced_runs, newest_tier, partition_point};
 use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -37,10 +37,10 @@ use crate::vnode::VirtualNode;
 /// Changes to one vnode's rows: upserts and tombstones, keys strictly increasing.
 #[derive(Debug, Clone)]
 pub struct Patch {
-    rows: KeyedBatch,
-    /// `deleted[i]`: row `i` is a tombstone; `None` when none is.
-    deleted: Option<BooleanBuffer>,
-    /// The buffers the rows are a slice of (a barrier's changes of every vnode, shared).
+    /// The changes, tombstones flagged: a range of rows shared with the other vnodes'
+    /// patches of a barrier (no arrays of its own).
+    rows: Run,
+    /// The buffers the rows are a range of (a barrier's changes of every vnode, shared).
     origin: Arc<Origin>,
 }
 
@@ -94,8 +94,7 @@ impl Patch {
         }
         let origin = Origin::new(memory(&rows), &PatchLedger::default());
         Ok(Self {
-            rows,
-            deleted,
+            rows: Run::new(rows, deleted)?,
             origin,
         })
     }
@@ -119,7 +118,7 @@ impl Patch {
         for batch in &batches {
             vnodes.extend(desc.vnodes_of(batch)?);
         }
-        // One copy of the rows, sorted by vnode and key; each vnode's patch is a slice.
+        // One copy of the rows, sorted by vnode and key; each vnode's patch is a range.
         let (runs, row_bytes) = build_sliced_runs(desc, &batches, &ops, &vnodes)?;
         let rows: usize = runs.iter().map(|(_, run)| run.len()).sum();
         let origin = Origin::new(rows * row_bytes, ledger);
@@ -127,8 +126,7 @@ impl Patch {
             .into_iter()
             .map(|(vnode, run)| {
                 let patch = Patch {
-                    rows: run.data,
-                    deleted: run.deleted,
+                    rows: run,
                     origin: origin.clone(),
                 };
                 (vnode, patch)
@@ -138,7 +136,7 @@ impl Patch {
 
     /// Rows (upserts and tombstones).
     pub fn len(&self) -> usize {
-        self.rows.num_rows()
+        self.rows.len()
     }
 
     /// True when the patch changes nothing.
@@ -147,15 +145,13 @@ impl Patch {
     }
 
     fn key(&self, i: usize) -> &[u8] {
-        self.rows.keys.value(i)
+        self.rows.key(i)
     }
 
     /// Rows `from..`, zero-copy.
     fn tail(&self, from: usize) -> Self {
-        let len = self.len() - from;
         Self {
-            rows: self.rows.slice(from, len),
-            deleted: self.deleted.as_ref().map(|d| d.slice(from, len)),
+            rows: self.rows.slice(from, self.len() - from),
             origin: self.origin.clone(),
         }
     }
@@ -169,7 +165,8 @@ impl Patch {
             _ => {
                 let sources: Vec<Sorted<'_>> = patches.iter().map(|p| p.sorted(p.len())).collect();
                 let picks = merge_sorted(&sources);
-                let deleted = patches.iter().any(|p| p.deleted.is_some()).then(|| {
+                let any_deleted = (sources.iter()).any(|s| s.deleted.is_some());
+                let deleted = any_deleted.then(|| {
                     let mut mask = BooleanBufferBuilder::new(picks.len());
                     for &(_, _, dead) in &picks {
                         mask.append(dead);
@@ -177,28 +174,30 @@ impl Patch {
                     mask.finish()
                 });
                 let indices: Vec<(usize, usize)> = picks.iter().map(|&(s, r, _)| (s, r)).collect();
-                let rows: Vec<&KeyedBatch> = patches.iter().map(|p| &p.rows).collect();
-                let mut rows = gather(&rows, &indices)?;
+                let batches: Vec<&KeyedBatch> = sources.iter().map(|s| s.rows).collect();
+                let mut rows = gather(&batches, &indices)?;
                 // A copy of its own, counted where the patches merged were: its string views
                 // get their own bytes too (gathered views point into every source's buffers,
                 // which would stay alive, uncounted).
                 rows.batch = gc_views(rows.batch)?;
                 let origin = Origin::new(memory(&rows), &patches[0].origin.ledger);
                 Ok(Patch {
-                    rows,
-                    deleted,
+                    rows: Run::new(rows, deleted)?,
                     origin,
                 })
             }
         }
     }
 
-    /// Rows `..end` as a merge source.
+    /// Rows `..end` as a merge source: the shared rows, from where the patch starts in
+    /// them.
     fn sorted(&self, end: usize) -> Sorted<'_> {
+        let (shared, start) = self.rows.rows();
         Sorted {
-            rows: &self.rows,
-            deleted: self.deleted.as_ref(),
-            end,
+            rows: &shared.data,
+            deleted: shared.deleted.as_ref(),
+            start,
+            end: start + end,
         }
     }
 
@@ -264,6 +263,7 @@ impl Patches {
             sources.push(Sorted {
                 rows: batch,
                 deleted: None,
+                start: 0,
                 end: batch.num_rows(),
             });
         }
@@ -291,18 +291,19 @@ impl Patches {
     }
 }
 
-/// Rows `..end` of a sorted source of a merge, with its tombstones.
+/// Rows `start..end` of a sorted source of a merge, with its tombstones.
 struct Sorted<'a> {
     rows: &'a KeyedBatch,
     deleted: Option<&'a BooleanBuffer>,
+    start: usize,
     end: usize,
 }
 
 /// The rows of sorted sources (oldest first, keys strictly increasing in each) in key order,
 /// one per key: the newest source's. Each pick is `(source, row, is a tombstone)`.
 fn merge_sorted(sources: &[Sorted<'_>]) -> Vec<(usize, usize, bool)> {
-    let mut heads = vec![0usize; sources.len()];
-    let mut picks = Vec::with_capacity(sources.iter().map(|s| s.end).sum());
+    let mut heads: Vec<usize> = sources.iter().map(|s| s.start).collect();
+    let mut picks = Vec::with_capacity(sources.iter().map(|s| s.end - s.start).sum());
     loop {
         // The smallest head key; among equal keys the newest source wins.
         let mut best: Option<(usize, &[u8])> = None;
@@ -387,7 +388,7 @@ mod tests {
             expected.extend(news);
             let both = Patch::merged(&[&older, &newer]).unwrap();
             assert_eq!(
-                rows_of(&both.rows, both.deleted.as_ref()),
+                rows_of(&both.rows.data(), both.rows.deleted().as_ref()),
                 expected,
                 "seed {seed}"
             );
@@ -464,9 +465,9 @@ mod tests {
         let rows = int_rows_with_ids(&int_key(false), &[1, 2, 3, 4], 0);
         let bytes = memory(&rows);
         let origin = Origin::new(bytes, &ledger);
+        let shared = Run::new(rows.clone(), None).unwrap();
         let patch = |from: usize, len: usize| Patch {
-            rows: rows.slice(from, len),
-            deleted: None,
+            rows: shared.slice(from, len),
             origin: origin.clone(),
         };
         let (a, b) = (patch(0, 2), patch(2, 2));
@@ -480,7 +481,7 @@ mod tests {
             "a slice still holds it"
         );
         let merged = Patch::merged(&[&tail, &b]).unwrap();
-        let copy = memory(&merged.rows);
+        let copy = memory(&merged.rows.data());
         assert_eq!(ledger.load(Ordering::Relaxed), bytes + copy);
         drop((tail, b));
         assert_eq!(ledger.load(Ordering::Relaxed), copy);

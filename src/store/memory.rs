@@ -362,16 +362,13 @@ impl StateTable for MemoryTable {
         inner.check_read_epoch(self.desc.name(), epoch)?;
         for run in self.visible_deltas(&inner, vnode, epoch)?.iter().rev() {
             if let Some(row) = run.find(key) {
-                let deleted = run.deleted.as_ref().is_some_and(|d| d.value(row));
-                return Ok((!deleted).then(|| run.data.batch.slice(row, 1)));
+                return Ok((!run.is_deleted(row)).then(|| run.batch().slice(row, 1)));
             }
         }
         let table = inner.table(self.desc.name())?;
         for segment in &table.base[vnode.index()] {
             if segment.last_key().is_some_and(|last| last >= key) {
-                return Ok(segment
-                    .find(key)
-                    .map(|row| segment.data.batch.slice(row, 1)));
+                return Ok(segment.find(key).map(|row| segment.batch().slice(row, 1)));
             }
         }
         Ok(None)

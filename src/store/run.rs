@@ -28,24 +28,134 @@ use crate::vnode::VirtualNode;
 /// Target rows per committed segment.
 pub(crate) const SEGMENT_ROWS: usize = 8192;
 
-/// Rows of one vnode sorted by key; `deleted[i]` marks a tombstone.
+/// Rows that runs are ranges of: one vnode's sorted rows, or an epoch's rows sorted by vnode
+/// then key (each vnode's run a range of them), or a packed block of a run file.
+/// `deleted[i]` marks a tombstone.
 #[derive(Debug)]
-pub(crate) struct Run {
+pub(crate) struct Rows {
     pub data: KeyedBatch,
     pub deleted: Option<BooleanBuffer>,
-    /// The block a run read from a shared (packed) batch is a slice of, kept alive with it:
-    /// while a reader holds the slice, the block cache can still find the batch for the
-    /// other runs it holds (see `durable/cache.rs`).
-    pub parent: Option<Arc<Run>>,
 }
 
-impl Run {
+impl Rows {
+    /// Rows with their tombstones; `deleted`, when given, has one flag per row.
+    pub fn new(data: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Arc<Self>> {
+        if data.keys.len() != data.num_rows() {
+            return Err(internal!(
+                "{} rows with {} keys",
+                data.num_rows(),
+                data.keys.len()
+            ));
+        }
+        if let Some(d) = &deleted
+            && d.len() != data.num_rows()
+        {
+            return Err(internal!(
+                "{} rows with {} tombstone flags",
+                data.num_rows(),
+                d.len()
+            ));
+        }
+        Ok(Arc::new(Self { data, deleted }))
+    }
+
     pub fn len(&self) -> usize {
         self.data.num_rows()
     }
+}
 
-    fn key(&self, i: usize) -> &[u8] {
-        self.data.keys.value(i)
+/// Rows of one vnode sorted by key, keys strictly increasing: a range of shared [`Rows`].
+///
+/// A run is a reference and two numbers: cutting an epoch's rows into one run per vnode, or
+/// a run into pieces, copies nothing and allocates no arrays (a `RecordBatch` slice of a
+/// wide table is an allocation per column, and with thousands of vnodes touched per epoch
+/// those slices and their drops were a fifth of a replay). Arrays are sliced only when rows
+/// leave the store ([`Run::data`]). Holding a run keeps all of its `rows` alive, which is
+/// also how a block read from a packed batch keeps that batch findable in the block cache.
+#[derive(Debug, Clone)]
+pub(crate) struct Run {
+    rows: Arc<Rows>,
+    start: usize,
+    len: usize,
+}
+
+impl Run {
+    /// All of `rows` as one run.
+    pub fn whole(rows: Arc<Rows>) -> Self {
+        let len = rows.len();
+        Self {
+            rows,
+            start: 0,
+            len,
+        }
+    }
+
+    /// `data` (with its tombstones) as one run.
+    pub fn new(data: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Self> {
+        Ok(Self::whole(Rows::new(data, deleted)?))
+    }
+
+    /// Rows `start..start + len` of `rows`.
+    pub fn range(rows: &Arc<Rows>, start: usize, len: usize) -> Result<Self> {
+        if start.checked_add(len).is_none_or(|end| end > rows.len()) {
+            return Err(internal!(
+                "rows {start}..+{len} of a batch of {} rows",
+                rows.len()
+            ));
+        }
+        Ok(Self {
+            rows: rows.clone(),
+            start,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The shared rows this run is a range of, and where the range starts in them.
+    pub fn rows(&self) -> (&Arc<Rows>, usize) {
+        (&self.rows, self.start)
+    }
+
+    pub(crate) fn key(&self, i: usize) -> &[u8] {
+        debug_assert!(i < self.len);
+        self.rows.data.keys.value(self.start + i)
+    }
+
+    /// Whether row `i` is a tombstone.
+    pub fn is_deleted(&self, i: usize) -> bool {
+        debug_assert!(i < self.len);
+        (self.rows.deleted.as_ref()).is_some_and(|d| d.value(self.start + i))
+    }
+
+    /// The tombstone flags of the run's rows, if its rows have any.
+    pub fn deleted(&self) -> Option<BooleanBuffer> {
+        (self.rows.deleted.as_ref()).map(|d| d.slice(self.start, self.len))
+    }
+
+    /// Rows `offset..offset + len` of the run, with their keys, as arrays (zero-copy slices).
+    pub fn data_of(&self, offset: usize, len: usize) -> KeyedBatch {
+        debug_assert!(offset + len <= self.len);
+        if offset == 0 && self.start == 0 && len == self.rows.len() {
+            return self.rows.data.clone();
+        }
+        self.rows.data.slice(self.start + offset, len)
+    }
+
+    /// The run's rows, with their keys, as arrays (zero-copy slices).
+    #[cfg(test)]
+    pub fn data(&self) -> KeyedBatch {
+        self.data_of(0, self.len)
+    }
+
+    /// The run's rows as a record batch (zero-copy slices).
+    pub fn batch(&self) -> RecordBatch {
+        if self.start == 0 && self.len == self.rows.len() {
+            return self.rows.data.batch.clone();
+        }
+        self.rows.data.batch.slice(self.start, self.len)
     }
 
     /// The first row whose key is strictly greater than `after`.
@@ -62,12 +172,13 @@ impl Run {
         (i < self.len() && self.key(i) == key).then_some(i)
     }
 
-    /// Rows `offset..offset + len`, zero-copy.
+    /// Rows `offset..offset + len`, a range of the same rows.
     pub(crate) fn slice(&self, offset: usize, len: usize) -> Run {
+        debug_assert!(offset + len <= self.len);
         Run {
-            data: self.data.slice(offset, len),
-            deleted: self.deleted.as_ref().map(|d| d.slice(offset, len)),
-            parent: self.parent.clone(),
+            rows: self.rows.clone(),
+            start: self.start + offset,
+            len,
         }
     }
 
@@ -79,11 +190,28 @@ impl Run {
         self.len().checked_sub(1).map(|i| self.key(i))
     }
 
+    /// Appends the tombstone flags of rows `offset..offset + len` to `mask`.
+    pub fn append_deleted(&self, offset: usize, len: usize, mask: &mut BooleanBufferBuilder) {
+        debug_assert!(offset + len <= self.len);
+        match &self.rows.deleted {
+            Some(d) => mask.append_buffer(&d.slice(self.start + offset, len)),
+            None => mask.append_n(len, false),
+        }
+    }
+
     /// Whether any row is a tombstone.
     pub fn has_tombstones(&self) -> bool {
-        self.deleted
-            .as_ref()
-            .is_some_and(|d| d.count_set_bits() > 0)
+        self.deleted().is_some_and(|d| d.count_set_bits() > 0)
+    }
+
+    /// This run and `next` as one, if `next` continues it in the same rows (its range starts
+    /// where this one ends).
+    pub fn joined(&self, next: &Run) -> Option<Run> {
+        (Arc::ptr_eq(&self.rows, &next.rows) && self.start + self.len == next.start).then(|| Run {
+            rows: self.rows.clone(),
+            start: self.start,
+            len: self.len + next.len,
+        })
     }
 }
 
@@ -215,23 +343,16 @@ pub(crate) fn build_runs(
             };
             let vnode =
                 u16::try_from(vnode).map_err(|_| internal!("vnode index {vnode} out of range"))?;
-            Ok((
-                VirtualNode::new(vnode),
-                Run {
-                    data,
-                    deleted,
-                    parent: None,
-                },
-            ))
+            Ok((VirtualNode::new(vnode), Run::new(data, deleted)?))
         })
         .collect()
 }
 
 /// [`build_runs`] for a store that writes its runs out soon: one gather of the rows sorted
-/// by vnode then key, and each vnode's run a zero-copy slice of it. With many vnodes this is
-/// one copy of the rows instead of one small batch per vnode (32768 vnodes: 32768
-/// allocations per column). The slices share the batch's buffers until all are dropped, so
-/// the second value is the batch's bytes per row (rounded up), to account each run's memory
+/// by vnode then key, and each vnode's run a range of it. With many vnodes this is one copy
+/// of the rows instead of one small batch per vnode (32768 vnodes: 32768 allocations per
+/// column), and no per-vnode arrays at all. The runs share the rows until all are dropped,
+/// so the second value is the rows' bytes per row (rounded up), to account each run's memory
 /// as its share.
 ///
 /// `batches` are read as one: rows numbered through them in order, `ops` and `vnodes` one
@@ -298,17 +419,11 @@ pub(crate) fn build_sliced_runs(
     let all = gather_keyed(batches, &keys, take)?;
     let bytes = all.batch.get_array_memory_size() + all.keys.get_array_memory_size();
     let per_row = bytes.div_ceil(total.max(1));
+    let all = Rows::new(all, deleted)?;
     let runs = ranges
         .into_iter()
-        .map(|(vnode, start, len)| {
-            let run = Run {
-                data: all.slice(start, len),
-                deleted: deleted.as_ref().map(|d| d.slice(start, len)),
-                parent: None,
-            };
-            (vnode, run)
-        })
-        .collect();
+        .map(|(vnode, start, len)| Ok((vnode, Run::range(&all, start, len)?)))
+        .collect::<Result<_>>()?;
     Ok((runs, per_row))
 }
 
@@ -559,18 +674,11 @@ impl MergeReader {
         let Some(batch) = assemble(&pieces)? else {
             return Ok(None);
         };
-        let any = pieces.iter().any(|(run, start, len)| {
-            run.deleted
-                .as_ref()
-                .is_some_and(|d| d.slice(*start, *len).count_set_bits() > 0)
-        });
+        let any = (pieces.iter()).any(|(run, start, len)| run.slice(*start, *len).has_tombstones());
         let deleted = any.then(|| {
             let mut mask = BooleanBufferBuilder::new(batch.num_rows());
             for (run, start, len) in &pieces {
-                match &run.deleted {
-                    Some(d) => mask.append_buffer(&d.slice(*start, *len)),
-                    None => mask.append_n(*len, false),
-                }
+                run.append_deleted(*start, *len, &mut mask);
             }
             BooleanArray::new(mask.finish(), None)
         });
@@ -668,30 +776,34 @@ fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
     let rows: usize = pieces.iter().map(|(_, _, len)| len).sum();
     match pieces {
         [] => Ok(None),
-        [(run, start, len)] => Ok(Some(run.data.slice(*start, *len))),
+        [(run, start, len)] => Ok(Some(run.data_of(*start, *len))),
         _ if rows >= pieces.len() * LONG_PIECE => {
             let slices: Vec<KeyedBatch> = pieces
                 .iter()
-                .map(|(run, start, len)| run.data.slice(*start, *len))
+                .map(|(run, start, len)| run.data_of(*start, *len))
                 .collect();
             KeyedBatch::concat(&slices).map(Some)
         }
         _ => {
-            let mut runs: Vec<&Arc<Run>> = Vec::new();
-            let mut indices = Vec::with_capacity(pieces.iter().map(|(_, _, len)| len).sum());
+            // Gathered from the shared rows the runs are ranges of, each rows once.
+            let mut sources: Vec<&Arc<Rows>> = Vec::new();
+            let mut indices = Vec::with_capacity(rows);
             for (run, start, len) in pieces {
-                let source = match runs.iter().position(|r| Arc::ptr_eq(r, run)) {
+                let (shared, offset) = run.rows();
+                let source = match sources.iter().position(|r| Arc::ptr_eq(r, shared)) {
                     Some(i) => i,
                     None => {
-                        runs.push(run);
-                        runs.len() - 1
+                        sources.push(shared);
+                        sources.len() - 1
                     }
                 };
-                indices.extend((*start..start + len).map(|row| (source, row)));
+                let from = offset + start;
+                indices.extend((from..from + len).map(|row| (source, row)));
             }
-            let batches: Vec<&RecordBatch> = runs.iter().map(|r| &r.data.batch).collect();
+            let batches: Vec<&RecordBatch> = sources.iter().map(|r| &r.data.batch).collect();
             let batch = arrow_select::interleave::interleave_record_batch(&batches, &indices)?;
-            let keys: Vec<&dyn Array> = runs.iter().map(|r| &r.data.keys as &dyn Array).collect();
+            let keys: Vec<&dyn Array> =
+                sources.iter().map(|r| &r.data.keys as &dyn Array).collect();
             let keys = arrow_select::interleave::interleave(&keys, &indices)?
                 .as_binary::<i32>()
                 .clone();
@@ -723,18 +835,17 @@ fn push_rows(
             pushed += to - from;
         }
     };
-    match &run.deleted {
-        Some(deleted) if !keep => {
-            let mut from = start;
-            for i in start..end {
-                if deleted.value(i) {
-                    push(from, i);
-                    from = i + 1;
-                }
+    if keep || run.rows.deleted.is_none() {
+        push(start, end);
+    } else {
+        let mut from = start;
+        for i in start..end {
+            if run.is_deleted(i) {
+                push(from, i);
+                from = i + 1;
             }
-            push(from, end);
         }
-        _ => push(start, end),
+        push(from, end);
     }
     pushed
 }
@@ -781,14 +892,13 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
         }
         let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS)?;
         while let Some(data) = reader.next_batch()? {
-            out.push(Arc::new(Run {
-                data: KeyedBatch {
+            out.push(Arc::new(Run::new(
+                KeyedBatch {
                     batch: gc_views(data.batch)?,
                     keys: data.keys,
                 },
-                deleted: None,
-                parent: None,
-            }));
+                None,
+            )?));
         }
     }
     Ok(out)
@@ -864,11 +974,7 @@ mod tests {
         let batch =
             RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.clone()))]).unwrap();
         let keys = BinaryArray::from_iter_values(values.iter().map(|v| v.to_be_bytes()));
-        Arc::new(Run {
-            data: KeyedBatch { batch, keys },
-            deleted: None,
-            parent: None,
-        })
+        Arc::new(Run::new(KeyedBatch { batch, keys }, None).unwrap())
     }
 
     fn batches(batch_size: usize) -> Vec<Vec<i64>> {
@@ -948,9 +1054,9 @@ mod tests {
                 assert_eq!(got.len(), want.len());
                 for ((gv, g), (wv, w)) in got.iter().zip(&want) {
                     assert_eq!(gv, wv);
-                    assert_eq!(g.data.batch, w.data.batch, "vnode {gv}");
-                    assert_eq!(g.data.keys, w.data.keys, "vnode {gv}");
-                    let bits = |r: &Run| r.deleted.as_ref().map(|d| d.iter().collect::<Vec<_>>());
+                    assert_eq!(g.batch(), w.batch(), "vnode {gv}");
+                    assert_eq!(g.data().keys, w.data().keys, "vnode {gv}");
+                    let bits = |r: &Run| r.deleted().map(|d| d.iter().collect::<Vec<_>>());
                     assert_eq!(bits(g), bits(w), "vnode {gv}");
                 }
             };

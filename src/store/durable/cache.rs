@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use hashbrown::HashMap;
 
-use crate::store::run::Run;
+use crate::store::run::Rows;
 
 /// A block's identity: (file id, block index).
 type Key = (u64, usize);
@@ -31,11 +31,11 @@ pub(crate) struct BlockCache {
 
 #[derive(Debug, Default)]
 struct Inner {
-    blocks: HashMap<Key, (Arc<Run>, usize)>,
+    blocks: HashMap<Key, (Arc<Rows>, usize)>,
     order: VecDeque<Key>,
     bytes: usize,
     /// Evicted blocks that were still held elsewhere when evicted.
-    held: HashMap<Key, Weak<Run>>,
+    held: HashMap<Key, Weak<Rows>>,
     /// `held` is swept of dead entries when it grows past this size.
     sweep_at: usize,
 }
@@ -50,7 +50,7 @@ impl BlockCache {
     }
 
     /// The cached block, if any.
-    pub fn get(&self, key: Key) -> Option<Arc<Run>> {
+    pub fn get(&self, key: Key) -> Option<Arc<Rows>> {
         let mut inner = self.inner.lock().ok()?;
         if let Some((run, _)) = inner.blocks.get(&key) {
             return Some(run.clone());
@@ -63,7 +63,7 @@ impl BlockCache {
     }
 
     /// Keeps a decoded block, evicting the oldest ones beyond the budget.
-    pub fn insert(&self, key: Key, run: Arc<Run>, bytes: usize) {
+    pub fn insert(&self, key: Key, run: Arc<Rows>, bytes: usize) {
         if bytes > self.budget / 4 {
             return;
         }
@@ -109,18 +109,12 @@ mod tests {
     use arrow_array::{BinaryArray, Int64Array, RecordBatch};
     use arrow_schema::{DataType, Field, Schema};
 
-    fn run() -> Arc<Run> {
+    fn run() -> Arc<Rows> {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
         let batch =
             RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
-        Arc::new(Run {
-            data: KeyedBatch {
-                batch,
-                keys: BinaryArray::from_iter_values([b"a"]),
-            },
-            deleted: None,
-            parent: None,
-        })
+        let keys = BinaryArray::from_iter_values([b"a"]);
+        Rows::new(KeyedBatch { batch, keys }, None).unwrap()
     }
 
     #[test]

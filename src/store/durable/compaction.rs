@@ -270,11 +270,7 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
             match merge.next()? {
                 None => {
                     let (data, deleted) = first;
-                    let run = Run {
-                        data,
-                        deleted: deleted.map(|d| d.values().clone()),
-                        parent: None,
-                    };
+                    let run = Run::new(data, deleted.map(|d| d.values().clone()))?;
                     writer.write_run(input.vnode, &run)?;
                     continue;
                 }

@@ -43,7 +43,7 @@ use arrow_array::{
     Array, ArrayRef, BinaryArray, BinaryViewArray, BooleanArray, RecordBatch, StringViewArray,
     UInt16Array, UInt32Array, UInt64Array,
 };
-use arrow_buffer::Buffer;
+use arrow_buffer::{BooleanBufferBuilder, Buffer};
 use arrow_data::MAX_INLINE_VIEW_LEN;
 use arrow_ipc::reader::{FileDecoder, StreamReader};
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions, StreamWriter};
@@ -51,10 +51,10 @@ use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::cache::BlockCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
-use crate::store::run::{Run, RunList, SEGMENT_ROWS, gc_views};
+use crate::store::run::{Rows, Run, RunList, SEGMENT_ROWS, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -275,7 +275,7 @@ pub(crate) struct RunFileWriter {
     open_span: Option<RunSpan>,
     cache: Option<Arc<BlockCache>>,
     /// Short runs waiting to be written as one packed batch.
-    pack: Vec<(VirtualNode, RecordBatch, BooleanArray)>,
+    pack: Vec<(VirtualNode, Run)>,
     pack_rows: usize,
     pack_limit: usize,
 }
@@ -369,25 +369,21 @@ impl RunFileWriter {
     /// Writes a whole run of `vnode`. A run shorter than [`MIN_BLOCK_ROWS`] waits to share a
     /// packed batch with other short runs; runs keep their order in the file either way.
     pub fn write_run(&mut self, vnode: VirtualNode, run: &Run) -> Result<()> {
-        let deleted = run
-            .deleted
-            .as_ref()
-            .map(|d| BooleanArray::new(d.clone(), None));
         if run.len() > 0 && run.len() < MIN_BLOCK_ROWS {
             self.end_run();
-            let deleted = deleted.unwrap_or_else(|| BooleanArray::from(vec![false; run.len()]));
             if self.pack.is_empty() {
-                self.pack_limit = block_rows(&run.data.batch);
+                self.pack_limit = block_rows(&run.batch());
             }
             self.pack_rows += run.len();
-            self.pack.push((vnode, run.data.batch.clone(), deleted));
+            self.pack.push((vnode, run.clone()));
             if self.pack_rows >= self.pack_limit {
                 self.flush_pack()?;
             }
             return Ok(());
         }
+        let deleted = run.deleted().map(|d| BooleanArray::new(d, None));
         self.begin_run(vnode)?;
-        self.write(&run.data.batch, deleted.as_ref())?;
+        self.write(&run.batch(), deleted.as_ref())?;
         self.end_run();
         Ok(())
     }
@@ -398,21 +394,38 @@ impl RunFileWriter {
             return Ok(());
         }
         let pack = std::mem::take(&mut self.pack);
-        self.pack_rows = 0;
+        let rows = std::mem::take(&mut self.pack_rows);
         self.pack_limit = usize::MAX;
-        let batches: Vec<&RecordBatch> = pack.iter().map(|(_, b, _)| b).collect();
-        let batch = arrow_select::concat::concat_batches(self.desc.schema(), batches)?;
-        let deleted: Vec<&dyn Array> = pack.iter().map(|(_, _, d)| d as &dyn Array).collect();
-        let deleted = arrow_select::concat::concat(&deleted)?.as_boolean().clone();
+        // Runs that continue each other in shared rows (an epoch's runs are consecutive
+        // ranges of one batch sorted by vnode) are written as one slice, not concatenated.
+        let mut pieces: Vec<Run> = Vec::new();
+        for (_, run) in &pack {
+            match pieces.last().and_then(|last| last.joined(run)) {
+                Some(joined) => *pieces.last_mut().ok_or_else(|| internal!("no piece"))? = joined,
+                None => pieces.push(run.clone()),
+            }
+        }
+        let batch = match pieces.as_slice() {
+            [one] => one.batch(),
+            _ => {
+                let batches: Vec<RecordBatch> = pieces.iter().map(Run::batch).collect();
+                arrow_select::concat::concat_batches(self.desc.schema(), &batches)?
+            }
+        };
+        let mut deleted = BooleanBufferBuilder::new(rows);
+        for piece in &pieces {
+            piece.append_deleted(0, piece.len(), &mut deleted);
+        }
+        let deleted = BooleanArray::new(deleted.finish(), None);
         let (offset, len, crc) = self.write_batch(&batch, deleted)?;
         let first = u32::try_from(self.blocks.len())
             .map_err(|_| Error::Internal("more than 2^32 blocks in a run file".into()))?;
         let batch_rows = u32::try_from(batch.num_rows())
             .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
         let mut start = 0u32;
-        let mut last_rows = Vec::with_capacity(pack.len());
-        for (i, (vnode, part, _)) in pack.iter().enumerate() {
-            let rows = part.num_rows() as u32;
+        for (i, (vnode, part)) in pack.iter().enumerate() {
+            let rows = u32::try_from(part.len())
+                .map_err(|_| Error::Internal("a block of more than 2^32 rows".into()))?;
             self.blocks.push(BlockMeta {
                 vnode: *vnode,
                 rows,
@@ -430,12 +443,10 @@ impl RunFileWriter {
                 rows: u64::from(rows),
             });
             start += rows;
-            last_rows.push(start - 1);
+            // The runs' own keys: the same encoding as `desc.pk().encode` of their rows.
+            self.last_keys
+                .push(part.last_key().unwrap_or_default().to_vec());
         }
-        let last = arrow_select::take::take_record_batch(&batch, &UInt32Array::from(last_rows))?;
-        let keys = self.desc.pk().encode(&last)?;
-        self.last_keys
-            .extend(keys.iter().map(|k| k.unwrap_or_default().to_vec()));
         Ok(())
     }
 
@@ -897,27 +908,28 @@ impl RunFile {
             .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
         let key = (self.id, meta.batch as usize);
         let cached = self.cache.as_ref().and_then(|cache| cache.get(key));
-        let batch = match cached {
-            Some(run) => run,
+        let rows = match cached {
+            Some(rows) => rows,
             None => {
-                let run = Arc::new(self.read_batch(meta.batch as usize)?);
+                let rows = self.read_batch(meta.batch as usize)?;
                 if let Some(cache) = &self.cache {
                     // The decoded columns share the batch's one buffer (counting each
                     // column's memory would count that buffer once per column); the keys
                     // are their own.
                     let block = usize::try_from(meta.len).unwrap_or(usize::MAX);
-                    let keys = run.data.keys.values().len() + run.data.keys.len() * 4;
-                    cache.insert(key, run.clone(), block.saturating_add(keys));
+                    let keys = rows.data.keys.values().len() + rows.data.keys.len() * 4;
+                    cache.insert(key, rows.clone(), block.saturating_add(keys));
                 }
-                run
+                rows
             }
         };
-        if meta.start == 0 && meta.rows as usize == batch.len() {
-            return Ok(batch);
-        }
-        let mut block = batch.slice(meta.start as usize, meta.rows as usize);
-        block.parent = Some(batch);
-        Ok(Arc::new(block))
+        self.block_of(i, &rows, &meta).map(Arc::new)
+    }
+
+    /// Block `i` (described by `meta`): a range of the decoded rows of its batch.
+    fn block_of(&self, i: usize, rows: &Arc<Rows>, meta: &BlockMeta) -> Result<Run> {
+        Run::range(rows, meta.start as usize, meta.rows as usize)
+            .map_err(|_| corrupt(&self.path, format!("block {i} lies outside its batch")))
     }
 
     /// Reads and checks block `i`.
@@ -927,12 +939,12 @@ impl RunFile {
             .blocks
             .get(i)
             .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
-        let batch = self.read_batch(meta.batch as usize)?;
-        Ok(batch.slice(meta.start as usize, meta.rows as usize))
+        let rows = self.read_batch(meta.batch as usize)?;
+        self.block_of(i, &rows, meta)
     }
 
     /// Reads and checks the record batch of block `i`, the first block of its batch.
-    fn read_batch(&self, i: usize) -> Result<Run> {
+    fn read_batch(&self, i: usize) -> Result<Arc<Rows>> {
         let meta = self
             .blocks
             .get(i)
@@ -977,11 +989,7 @@ impl RunFile {
         let columns = cast_columns(&columns, self.desc.schema().fields())?;
         let data = RecordBatch::try_new(self.desc.schema().clone(), columns)?;
         let keys = self.desc.pk().encode(&data)?;
-        Ok(Run {
-            data: KeyedBatch { batch: data, keys },
-            deleted,
-            parent: None,
-        })
+        Rows::new(KeyedBatch { batch: data, keys }, deleted)
     }
 
     fn last_key(&self, i: usize) -> Option<&[u8]> {
@@ -1191,11 +1199,8 @@ mod tests {
         .unwrap();
         let n = batch.num_rows();
         let keys = desc.pk().encode(&batch).unwrap();
-        Run {
-            data: KeyedBatch { batch, keys },
-            deleted: deleted.then(|| arrow_buffer::BooleanBuffer::collect_bool(n, |i| i % 3 == 0)),
-            parent: None,
-        }
+        let deleted = deleted.then(|| arrow_buffer::BooleanBuffer::collect_bool(n, |i| i % 3 == 0));
+        Run::new(KeyedBatch { batch, keys }, deleted).unwrap()
     }
 
     fn write_file(dir: &Path) -> (Arc<RunFile>, FileCheck, Vec<RunSpan>) {
@@ -1240,7 +1245,7 @@ mod tests {
         .load(0)
         .unwrap();
         assert_eq!(last.len(), 5);
-        let deleted: Vec<bool> = last.deleted.as_ref().unwrap().iter().collect();
+        let deleted: Vec<bool> = last.deleted().unwrap().iter().collect();
         assert_eq!(deleted, [true, false, false, true, false]);
         // pyarrow-compatible: the standard reader reads it too.
         let reader = arrow_ipc::reader::FileReader::try_new(
@@ -1291,7 +1296,7 @@ mod tests {
         w.write(batch, None).unwrap();
         let (file, _, _) = w.finish().unwrap();
         let read: Vec<RecordBatch> = (0..file.blocks.len())
-            .map(|i| file.read_block(i).unwrap().data.batch)
+            .map(|i| file.read_block(i).unwrap().batch())
             .collect();
         arrow_select::concat::concat_batches(desc.schema(), &read).unwrap()
     }
@@ -1500,13 +1505,12 @@ mod tests {
             let mut got = Vec::new();
             for i in 0..run.len() {
                 let block = run.load(i).unwrap();
-                let k = block
-                    .data
-                    .batch
+                let batch = block.batch();
+                let k = batch
                     .column(0)
                     .as_primitive::<arrow_array::types::Int64Type>();
                 got.extend(k.values().iter().copied());
-                let last = block.data.keys.value(block.len() - 1);
+                let last = block.last_key().unwrap();
                 assert_eq!(run.last_key(i), Some(last));
             }
             assert_eq!(&got, keys, "vnode {v}");
@@ -1519,6 +1523,88 @@ mod tests {
             batches < 100,
             "{batches} record batches for 999 short runs and one long"
         );
+    }
+
+    /// An epoch's runs are consecutive ranges of one batch sorted by vnode: packed, they are
+    /// written as slices of it (with their tombstones), and a run of other rows in between
+    /// (or a long one) still lands where it belongs.
+    #[test]
+    fn ranges_of_shared_rows_pack_with_their_tombstones() {
+        let dir = tempfile::tempdir().unwrap();
+        let desc = Arc::new(
+            TableDesc::new("t", desc().schema().clone(), vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(1024).unwrap()),
+        );
+        let keys_of = |v: u16| -> Vec<i64> {
+            let v = i64::from(v);
+            if v == 200 {
+                (v * 100..v * 100 + 3000).collect() // long: blocks of its own
+            } else {
+                (v * 100..v * 100 + 1 + v % 3).collect()
+            }
+        };
+        let vnodes: Vec<u16> = (0..300).collect();
+        let all: Vec<i64> = vnodes.iter().flat_map(|&v| keys_of(v)).collect();
+        let batch = RecordBatch::try_new(
+            desc.schema().clone(),
+            vec![
+                Arc::new(Int64Array::from(all.clone())),
+                Arc::new(StringArray::from_iter_values(
+                    all.iter().map(|k| format!("v{k}")),
+                )),
+            ],
+        )
+        .unwrap();
+        let keys = desc.pk().encode(&batch).unwrap();
+        let dead: Vec<bool> = (0..all.len()).map(|i| i % 7 == 3).collect();
+        let rows = Rows::new(
+            KeyedBatch { batch, keys },
+            Some(arrow_buffer::BooleanBuffer::from(dead.clone())),
+        )
+        .unwrap();
+        let path = dir.path().join("r.arrow");
+        let mut w = RunFileWriter::create(RealIo::shared(), path.clone(), 4, desc.clone()).unwrap();
+        let mut want: Vec<(u16, Vec<i64>, Vec<bool>)> = Vec::new();
+        let mut at = 0;
+        for &v in &vnodes {
+            let n = keys_of(v).len();
+            if v == 150 {
+                // Other rows between two ranges of the shared ones.
+                let other = run(&desc, 15_000..15_002, true);
+                w.write_run(VirtualNode::new(v), &other).unwrap();
+                want.push((v, vec![15_000, 15_001], vec![true, false]));
+            } else {
+                w.write_run(VirtualNode::new(v), &Run::range(&rows, at, n).unwrap())
+                    .unwrap();
+                want.push((v, all[at..at + n].to_vec(), dead[at..at + n].to_vec()));
+            }
+            at += n;
+        }
+        let (_, check, spans) = w.finish().unwrap();
+        assert_eq!(spans.len(), vnodes.len());
+        let file = Arc::new(RunFile::open(RealIo::shared(), path.clone(), 4, desc, check).unwrap());
+        for (span, (v, keys, dead)) in spans.iter().zip(&want) {
+            assert_eq!(span.vnode, VirtualNode::new(*v));
+            file.check_span(span).unwrap();
+            let run = DiskRun {
+                file: file.clone(),
+                span: *span,
+            };
+            let (mut got, mut got_dead) = (Vec::new(), Vec::new());
+            for i in 0..run.len() {
+                let block = run.load(i).unwrap();
+                let batch = block.batch();
+                let k = batch
+                    .column(0)
+                    .as_primitive::<arrow_array::types::Int64Type>();
+                got.extend(k.values().iter().copied());
+                got_dead.extend((0..block.len()).map(|r| block.is_deleted(r)));
+                assert_eq!(run.last_key(i), block.last_key());
+            }
+            assert_eq!(&got, keys, "vnode {v}");
+            assert_eq!(&got_dead, dead, "vnode {v}");
+        }
     }
 
     #[test]

@@ -1461,8 +1461,7 @@ impl StateTable for DurableTable {
         let sources = self.sources(vnode, epoch)?;
         for source in sources.iter().rev() {
             if let Some((run, row)) = find_in(source.as_ref(), key)? {
-                let deleted = run.deleted.as_ref().is_some_and(|d| d.value(row));
-                return Ok((!deleted).then(|| run.data.batch.slice(row, 1)));
+                return Ok((!run.is_deleted(row)).then(|| run.batch().slice(row, 1)));
             }
         }
         Ok(None)
