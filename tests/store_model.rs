@@ -1015,8 +1015,9 @@ fn check_rows(store: &DurableStore, rows: &Rows, epoch: u64, what: &str) {
 
 /// A bulk load of distinct keys in key order, spilled in pieces, becomes each vnode's base as
 /// it is: a compaction finds nothing to rewrite, and the rows survive reopening and a later
-/// compaction with deltas. The same load out of order, or in pieces shorter than a block, is
-/// compacted as before.
+/// compaction with deltas. So does a load in pieces that give each vnode less than a block,
+/// while the chain is no longer than `max_deltas` runs. The same load out of order, or in
+/// more pieces than that, is compacted as before.
 #[test]
 fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
     let options = DurableOptions {
@@ -1035,12 +1036,15 @@ fn an_ordered_bulk_load_becomes_the_base_without_compaction() {
     let ordered: Vec<i64> = (0..12_000).map(|k| k * 3).collect();
     let mut reversed = ordered.clone();
     reversed.reverse();
+    let fewer = ordered[..2000].to_vec();
     // Chunks of 1200 rows, each spilled as a piece, give each of 4 vnodes about 300 rows a
-    // piece, whole blocks; chunks of 40 give it about 10, short runs packed with other
-    // vnodes', which are compacted.
+    // piece, whole blocks. Chunks of 200 give it about 50, short runs packed with other
+    // vnodes': 10 pieces, a chain short enough to keep. Chunks of 40 give it about 10 in
+    // 300 pieces, which are compacted.
     for (keys, per_piece, rewritten) in [
         (&ordered, 1200, false),
         (&reversed, 1200, true),
+        (&fewer, 200, false),
         (&ordered, 40, true),
     ] {
         let dir = tempfile::tempdir().unwrap();

@@ -193,10 +193,13 @@ struct VnodeLayer {
     runs: Vec<LayerRun>,
     /// The runs hold no tombstone and follow each other in key order without overlapping:
     /// committed over an empty vnode, they become its base as they are, so a bulk load of
-    /// ordered rows is written once, not written and compacted. Several runs qualify only
-    /// if each fills whole blocks: a chain of short runs, each a slice of a batch packed
-    /// with other vnodes' runs, would make every read of the vnode load several shared
-    /// batches where compaction packs the vnode's rows into one.
+    /// ordered rows is written once, not written and compacted. A chain of short runs (each
+    /// a range of a batch packed with other vnodes' runs: a load spread over many vnodes)
+    /// qualifies while it is no longer than the deltas a vnode may hold
+    /// ([`DurableOptions::max_deltas`]): a read of the vnode loads one shared block per run,
+    /// as it would for that many deltas, and the blocks, shared by the neighbouring vnodes,
+    /// are found in the block cache. Compacting such a load instead rewrote the whole table
+    /// (32768 vnodes, lineitem scale 0.2: 58% more bytes written, 1.3x the replay's time).
     ordered: bool,
 }
 
@@ -1414,7 +1417,8 @@ impl StateTable for DurableTable {
         }
         for (vnode, order) in std::mem::take(&mut self.order) {
             if let Some(v) = layer.get_mut(&vnode) {
-                v.ordered = order.is_some_and(|o| o.runs == 1 || !o.short);
+                let chain = self.store.shared.options.max_deltas;
+                v.ordered = order.is_some_and(|o| o.runs <= chain.max(1) || !o.short);
             }
         }
         if self.replicated {
