@@ -695,6 +695,11 @@ impl MergeReader {
         assemble(&pieces)
     }
 
+    /// Whether at most one source has rows left.
+    fn lone_source(&self) -> bool {
+        self.sources.iter().filter(|s| s.current.is_some()).count() <= 1
+    }
+
     /// The row ranges of the next batch, in order.
     fn next_pieces(&mut self) -> Result<Vec<Piece>> {
         self.open()?;
@@ -715,12 +720,15 @@ impl MergeReader {
             else {
                 break;
             };
-            // A batch at least half full ends where its rows would have to come from another
-            // run: handing out a short zero-copy slice beats copying both pieces into one.
-            if total >= self.batch_size / 2
-                && pieces
-                    .last()
-                    .is_some_and(|(last, _, _)| !Arc::ptr_eq(last, &run))
+            // A batch ends where its rows would have to come from another run when it is at
+            // least half full, or when its source is the only one left (a base read alone:
+            // its runs follow each other, so every batch can be a zero-copy range of one):
+            // handing out a short zero-copy slice beats copying the pieces into one. A chain
+            // of short runs over many vnodes was otherwise copied whole, into fresh memory.
+            if pieces
+                .last()
+                .is_some_and(|(last, _, _)| !Arc::ptr_eq(last, &run))
+                && (total >= self.batch_size / 2 || self.lone_source())
             {
                 break;
             }
@@ -977,9 +985,14 @@ mod tests {
         Arc::new(Run::new(KeyedBatch { batch, keys }, None).unwrap())
     }
 
-    fn batches(batch_size: usize) -> Vec<Vec<i64>> {
-        let base: Box<dyn RunList> = Box::new(vec![run(1..=6), run(7..=10)]);
-        let mut reader = MergeReader::new(vec![base], None, batch_size).unwrap();
+    /// The batches of a merged read of a base of two runs (1..=6, 7..=10), with a delta of
+    /// one row (20) if `delta`.
+    fn batches_of(batch_size: usize, delta: bool) -> Vec<Vec<i64>> {
+        let mut sources: Vec<Box<dyn RunList>> = vec![Box::new(vec![run(1..=6), run(7..=10)])];
+        if delta {
+            sources.push(Box::new(vec![run(20..=20)]));
+        }
+        let mut reader = MergeReader::new(sources, None, batch_size).unwrap();
         let mut out = Vec::new();
         while let Some(b) = reader.next_batch().unwrap() {
             let k = b
@@ -991,6 +1004,10 @@ mod tests {
         out
     }
 
+    fn batches(batch_size: usize) -> Vec<Vec<i64>> {
+        batches_of(batch_size, false)
+    }
+
     #[test]
     fn a_half_full_batch_ends_at_a_run_boundary_instead_of_copying() {
         assert_eq!(
@@ -998,12 +1015,32 @@ mod tests {
             vec![vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9, 10]]
         );
         assert_eq!(batches(8), vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 10]]);
+        assert_eq!(
+            batches_of(4, true),
+            vec![vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9, 10], vec![20]]
+        );
     }
 
     #[test]
-    fn a_batch_under_half_full_crosses_run_boundaries() {
-        assert_eq!(batches(16), vec![(1..=10).collect::<Vec<i64>>()]);
-        assert_eq!(batches(5), vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]]);
+    fn a_lone_source_never_copies_across_its_runs() {
+        assert_eq!(batches(16), vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 10]]);
+        assert_eq!(
+            batches(5),
+            vec![vec![1, 2, 3, 4, 5], vec![6], vec![7, 8, 9, 10]]
+        );
+    }
+
+    #[test]
+    fn a_batch_under_half_full_crosses_run_boundaries_while_sources_interleave() {
+        // 6 then 7..=10 while the delta waits: one copied batch; then the delta alone.
+        assert_eq!(
+            batches_of(32, true),
+            vec![vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10], vec![20]]
+        );
+        assert_eq!(
+            batches_of(5, true),
+            vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10], vec![20]]
+        );
     }
 
     /// Differential: the sliced runs hold the same rows, keys and tombstones per vnode as
