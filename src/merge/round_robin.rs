@@ -16,7 +16,9 @@
 //!
 //! With [`RoundRobin::with_output_rows`] (what the executor uses), an output gathers whole
 //! batches of the following inputs in turn, concatenated (a copy, unless one batch fills
-//! it), while they fit in that many rows, each input at most once per output and at most
+//! it), while they fit in that many rows, each input at most once per output (taking its
+//! successive batches in that one turn while they fit: a vnode stored as a chain of short
+//! runs is read whole, not over several rounds holding its blocks) and at most
 //! [`MAX_GATHERED_INPUTS`] inputs: with many small vnodes (32768 vnodes of a few dozen rows
 //! each) one read is then a batch's worth of rows, not one vnode's, so an epoch that reads
 //! once (barriers that come faster than the rows) still reads a batch. The cap bounds the
@@ -102,6 +104,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
         let mut pieces: Vec<KeyedBatch> = Vec::new();
         let mut progress = Vec::new();
         let mut rows = 0;
+        let mut inputs = 0;
         // The first input of this output that went back to the end of the turns: meeting
         // it again means every live input has had its turn.
         let mut requeued_first = None;
@@ -129,29 +132,39 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                 self.turns.push_front(turn);
                 break;
             }
-            // Look ahead, so the vnode's exhaustion travels with its last rows.
-            match input.next_batch(&self.table, &mut self.schema)? {
-                Some(next) => {
-                    self.ahead[turn] = Some(next);
-                    self.turns.push_back(turn);
-                    requeued_first.get_or_insert(turn);
+            // The input's batches while they fit (a vnode stored as a chain of short runs
+            // comes as several small batches: read in one turn, it is done in one turn).
+            let (mut batch, mut taken) = (batch, 0);
+            let last = loop {
+                let last = batch
+                    .last_position()
+                    .ok_or_else(|| internal!("a merge input yielded an empty batch"))?;
+                taken += batch.num_rows();
+                rows += batch.num_rows();
+                pieces.push(batch);
+                // Look ahead, so the vnode's exhaustion travels with its last rows.
+                match input.next_batch(&self.table, &mut self.schema)? {
+                    Some(next) if rows + next.num_rows() <= self.output_rows => batch = next,
+                    Some(next) => {
+                        self.ahead[turn] = Some(next);
+                        self.turns.push_back(turn);
+                        requeued_first.get_or_insert(turn);
+                        break last;
+                    }
+                    None => {
+                        self.queued[turn] = false;
+                        exhausted.push(input.vnode());
+                        break last;
+                    }
                 }
-                None => {
-                    self.queued[turn] = false;
-                    exhausted.push(input.vnode());
-                }
-            }
-            let last = batch
-                .last_position()
-                .ok_or_else(|| internal!("a merge input yielded an empty batch"))?;
+            };
             progress.push(VnodeAdvance {
                 vnode: input.vnode(),
                 last,
-                rows: batch.num_rows(),
+                rows: taken,
             });
-            rows += batch.num_rows();
-            pieces.push(batch);
-            if rows >= self.output_rows || pieces.len() >= MAX_GATHERED_INPUTS {
+            inputs += 1;
+            if rows >= self.output_rows || inputs >= MAX_GATHERED_INPUTS {
                 break;
             }
         }
@@ -339,6 +352,68 @@ mod tests {
                     vec![vnodes[3], vnodes[2]],
                     vec![vnodes[3], vnodes[2]]
                 ),
+            ]
+        );
+    }
+
+    /// A vnode whose rows come as several small batches (a base stored as a chain of short
+    /// runs) is read whole in its turn while they fit: one advance with all its rows, and its
+    /// exhaustion in the same output.
+    #[test]
+    fn an_input_of_small_batches_is_read_whole_in_its_turn() {
+        let pk = int_key(false);
+        let (v0, v1) = (VirtualNode::new(0), VirtualNode::new(1));
+        let inputs = || {
+            vec![
+                (
+                    v0,
+                    VecScan::new(vec![
+                        int_rows_with_ids(&pk, &[1], 0),
+                        int_rows_with_ids(&pk, &[2], 1),
+                        int_rows_with_ids(&pk, &[3], 2),
+                    ]),
+                ),
+                (v1, VecScan::new(vec![int_rows_with_ids(&pk, &[4, 5], 10)])),
+            ]
+        };
+        // Per output: its row ids, `(vnode, rows)` advances and exhausted vnodes.
+        type Shape = (Vec<u64>, Vec<(VirtualNode, usize)>, Vec<VirtualNode>);
+        let shape = |output_rows: usize| -> Vec<Shape> {
+            let outputs = drain(
+                &mut RoundRobin::new(inputs()).with_output_rows(output_rows),
+                10,
+            )
+            .unwrap();
+            outputs
+                .iter()
+                .map(|o| {
+                    (
+                        ids(&o.batch.batch),
+                        o.progress.iter().map(|p| (p.vnode, p.rows)).collect(),
+                        o.exhausted.clone(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            shape(10),
+            vec![(vec![0, 1, 2, 10, 11], vec![(v0, 3), (v1, 2)], vec![v0, v1])]
+        );
+        // Vnode 1's two rows would make five: they start the next output.
+        assert_eq!(
+            shape(4),
+            vec![
+                (vec![0, 1, 2], vec![(v0, 3)], vec![v0]),
+                (vec![10, 11], vec![(v1, 2)], vec![v1]),
+            ]
+        );
+        // An output of two rows takes vnode 0's first two, the third comes in its next turn.
+        assert_eq!(
+            shape(2),
+            vec![
+                (vec![0, 1], vec![(v0, 2)], vec![]),
+                (vec![10, 11], vec![(v1, 2)], vec![v1]),
+                (vec![2], vec![(v0, 1)], vec![v0]),
             ]
         );
     }
