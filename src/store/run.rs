@@ -608,6 +608,9 @@ pub(crate) struct MergeReader {
     batch_size: usize,
     /// Whether winning tombstones are returned (merging deltas into a delta) or hidden.
     keep_tombstones: bool,
+    /// Whether batches are filled across the runs of a lone source (for a rewrite, which
+    /// writes each batch as blocks of its own) instead of handed out a run at a time.
+    fill: bool,
 }
 
 impl MergeReader {
@@ -625,6 +628,7 @@ impl MergeReader {
             sources: Vec::new(),
             batch_size: batch_size.max(1),
             keep_tombstones: false,
+            fill: false,
         })
     }
 
@@ -665,6 +669,14 @@ impl MergeReader {
     /// runs into one delta run, whose tombstones must still hide the rows of the base.
     pub fn keeping_tombstones(mut self) -> Self {
         self.keep_tombstones = true;
+        self
+    }
+
+    /// Fills every batch up to the batch size across run boundaries, a lone source too (a
+    /// copy): for rewriting runs into blocks of a good size (compaction), where a scan hands
+    /// out a lone source's runs zero-copy, one at a time.
+    pub fn filling(mut self) -> Self {
+        self.fill = true;
         self
     }
 
@@ -728,7 +740,7 @@ impl MergeReader {
             if pieces
                 .last()
                 .is_some_and(|(last, _, _)| !Arc::ptr_eq(last, &run))
-                && (total >= self.batch_size / 2 || self.lone_source())
+                && (total >= self.batch_size / 2 || (!self.fill && self.lone_source()))
             {
                 break;
             }
@@ -898,7 +910,7 @@ pub(crate) fn compact(base: &[Arc<Run>], deltas: &[Arc<Run>]) -> Result<Vec<Arc<
             out.extend(segment.cloned());
             continue;
         }
-        let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS)?;
+        let mut reader = MergeReader::new(sources, None, SEGMENT_ROWS)?.filling();
         while let Some(data) = reader.next_batch()? {
             out.push(Arc::new(Run::new(
                 KeyedBatch {
@@ -988,11 +1000,19 @@ mod tests {
     /// The batches of a merged read of a base of two runs (1..=6, 7..=10), with a delta of
     /// one row (20) if `delta`.
     fn batches_of(batch_size: usize, delta: bool) -> Vec<Vec<i64>> {
+        read_all(batch_size, delta, false)
+    }
+
+    /// [`batches_of`], from a [`MergeReader::filling`] reader if `fill`.
+    fn read_all(batch_size: usize, delta: bool, fill: bool) -> Vec<Vec<i64>> {
         let mut sources: Vec<Box<dyn RunList>> = vec![Box::new(vec![run(1..=6), run(7..=10)])];
         if delta {
             sources.push(Box::new(vec![run(20..=20)]));
         }
         let mut reader = MergeReader::new(sources, None, batch_size).unwrap();
+        if fill {
+            reader = reader.filling();
+        }
         let mut out = Vec::new();
         while let Some(b) = reader.next_batch().unwrap() {
             let k = b
@@ -1027,6 +1047,24 @@ mod tests {
         assert_eq!(
             batches(5),
             vec![vec![1, 2, 3, 4, 5], vec![6], vec![7, 8, 9, 10]]
+        );
+    }
+
+    /// A rewrite (compaction) fills its batches across a lone source's runs: it writes each
+    /// batch as blocks of its own, and a chain of short runs must not become short blocks.
+    #[test]
+    fn a_filling_reader_copies_across_a_lone_sources_runs() {
+        assert_eq!(
+            read_all(16, false, true),
+            vec![(1..=10).collect::<Vec<i64>>()]
+        );
+        assert_eq!(
+            read_all(32, true, true),
+            vec![vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20]]
+        );
+        assert_eq!(
+            read_all(4, false, true),
+            vec![vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9, 10]]
         );
     }
 

@@ -256,10 +256,13 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
         let mut merge = match input.plan {
-            Plan::Full => Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?),
+            Plan::Full => {
+                Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?.filling())
+            }
             Plan::Deltas { from } => Merge::Deltas(
                 MergeReader::new(input.runs.delta_sources(from), None, SEGMENT_ROWS)?
-                    .keeping_tombstones(),
+                    .keeping_tombstones()
+                    .filling(),
             ),
         };
         let Some(first) = merge.next()? else {
