@@ -73,29 +73,15 @@ impl Drop for Origin {
 impl Patch {
     /// A patch of `rows` (keys strictly increasing), `deleted` marking tombstones.
     pub fn new(rows: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Self> {
-        if rows.keys.len() != rows.num_rows() {
-            return Err(internal!(
-                "a patch of {} rows with {} keys",
-                rows.num_rows(),
-                rows.keys.len()
-            ));
-        }
-        if let Some(deleted) = &deleted
-            && deleted.len() != rows.num_rows()
-        {
-            return Err(internal!(
-                "a patch of {} rows with {} tombstone flags",
-                rows.num_rows(),
-                deleted.len()
-            ));
-        }
-        if let Some(row) = first_unordered(&rows.keys) {
+        let bytes = memory(&rows);
+        // A key and a tombstone flag per row, checked by the run.
+        let rows = Run::new(rows, deleted)?;
+        if let Some(row) = first_unordered(&rows.rows().0.data.keys) {
             return Err(internal!("patch keys do not increase at row {row}"));
         }
-        let origin = Origin::new(memory(&rows), &PatchLedger::default());
         Ok(Self {
-            rows: Run::new(rows, deleted)?,
-            origin,
+            rows,
+            origin: Origin::new(bytes, &PatchLedger::default()),
         })
     }
 

@@ -70,7 +70,7 @@ impl Rows {
 /// a run into pieces, copies nothing and allocates no arrays (a `RecordBatch` slice of a
 /// wide table is an allocation per column, and with thousands of vnodes touched per epoch
 /// those slices and their drops were a fifth of a replay). Arrays are sliced only when rows
-/// leave the store ([`Run::data`]). Holding a run keeps all of its `rows` alive, which is
+/// leave the store ([`Run::data_of`], [`Run::batch`]). Holding a run keeps all of its `rows` alive, which is
 /// also how a block read from a packed batch keeps that batch findable in the block cache.
 #[derive(Debug, Clone)]
 pub(crate) struct Run {

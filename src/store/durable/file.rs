@@ -1498,21 +1498,7 @@ mod tests {
         for (span, (v, keys)) in spans.iter().zip(&want) {
             assert_eq!(span.vnode, VirtualNode::new(*v));
             file.check_span(span).unwrap();
-            let run = DiskRun {
-                file: file.clone(),
-                span: *span,
-            };
-            let mut got = Vec::new();
-            for i in 0..run.len() {
-                let block = run.load(i).unwrap();
-                let batch = block.batch();
-                let k = batch
-                    .column(0)
-                    .as_primitive::<arrow_array::types::Int64Type>();
-                got.extend(k.values().iter().copied());
-                let last = block.last_key().unwrap();
-                assert_eq!(run.last_key(i), Some(last));
-            }
+            let (got, _) = read_span(&file, span);
             assert_eq!(&got, keys, "vnode {v}");
         }
         let batches =
@@ -1523,6 +1509,28 @@ mod tests {
             batches < 100,
             "{batches} record batches for 999 short runs and one long"
         );
+    }
+
+    /// The keys (an `Int64` first column) and tombstone flags of a run of `file`, read block
+    /// by block; each block's last key checked against the index.
+    fn read_span(file: &Arc<RunFile>, span: &RunSpan) -> (Vec<i64>, Vec<bool>) {
+        let run = DiskRun {
+            file: file.clone(),
+            span: *span,
+        };
+        let (mut keys, mut dead) = (Vec::new(), Vec::new());
+        for i in 0..run.len() {
+            let block = run.load(i).unwrap();
+            let batch = block.batch();
+            let k = batch
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            keys.extend(k.values().iter().copied());
+            dead.extend((0..block.len()).map(|r| block.is_deleted(r)));
+            assert!(block.last_key().is_some());
+            assert_eq!(run.last_key(i), block.last_key());
+        }
+        (keys, dead)
     }
 
     /// An epoch's runs are consecutive ranges of one batch sorted by vnode: packed, they are
@@ -1587,21 +1595,7 @@ mod tests {
         for (span, (v, keys, dead)) in spans.iter().zip(&want) {
             assert_eq!(span.vnode, VirtualNode::new(*v));
             file.check_span(span).unwrap();
-            let run = DiskRun {
-                file: file.clone(),
-                span: *span,
-            };
-            let (mut got, mut got_dead) = (Vec::new(), Vec::new());
-            for i in 0..run.len() {
-                let block = run.load(i).unwrap();
-                let batch = block.batch();
-                let k = batch
-                    .column(0)
-                    .as_primitive::<arrow_array::types::Int64Type>();
-                got.extend(k.values().iter().copied());
-                got_dead.extend((0..block.len()).map(|r| block.is_deleted(r)));
-                assert_eq!(run.last_key(i), block.last_key());
-            }
+            let (got, got_dead) = read_span(&file, span);
             assert_eq!(&got, keys, "vnode {v}");
             assert_eq!(&got_dead, dead, "vnode {v}");
         }
