@@ -51,7 +51,7 @@ use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::cache::BlockCache;
-use crate::error::{Error, Result, internal};
+use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
 use crate::store::run::{Rows, Run, RunList, SEGMENT_ROWS, gc_views};
@@ -400,9 +400,12 @@ impl RunFileWriter {
         // ranges of one batch sorted by vnode) are written as one slice, not concatenated.
         let mut pieces: Vec<Run> = Vec::new();
         for (_, run) in &pack {
-            match pieces.last().and_then(|last| last.joined(run)) {
-                Some(joined) => *pieces.last_mut().ok_or_else(|| internal!("no piece"))? = joined,
-                None => pieces.push(run.clone()),
+            if let Some(last) = pieces.last_mut()
+                && let Some(joined) = last.joined(run)
+            {
+                *last = joined;
+            } else {
+                pieces.push(run.clone());
             }
         }
         let batch = match pieces.as_slice() {
