@@ -715,6 +715,10 @@ impl MergeReader {
     /// The row ranges of the next batch, in order.
     fn next_pieces(&mut self) -> Result<Vec<Piece>> {
         self.open()?;
+        // A lone source's next run is loaded here, when it is read (see below).
+        for source in &mut self.sources {
+            source.settle()?;
+        }
         let mut pieces: Vec<Piece> = Vec::new();
         let mut total = 0;
         while total < self.batch_size {
@@ -764,6 +768,12 @@ impl MergeReader {
                 // Rows strictly below every other head: take them, skipping tombstones.
                 total += push_rows(&mut pieces, &run, row, end, self.keep_tombstones);
                 self.sources[winner].row = end;
+                // A lone source's next rows come from its next run, handed out as a batch of
+                // its own (above): load that run at the next read, not now, so a reader that
+                // hands out a run zero-copy does not also hold the next one meanwhile.
+                if end == run.len() && total > 0 && !self.fill && self.lone_source() {
+                    break;
+                }
                 self.sources[winner].settle()?;
             } else {
                 // The winner ties another head: one row, and every source at that key moves on.
@@ -1048,6 +1058,56 @@ mod tests {
             batches(5),
             vec![vec![1, 2, 3, 4, 5], vec![6], vec![7, 8, 9, 10]]
         );
+    }
+
+    /// A run list that counts its loads.
+    struct Counted {
+        runs: Vec<Arc<Run>>,
+        loads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl RunList for Counted {
+        fn len(&self) -> usize {
+            self.runs.len()
+        }
+        fn last_key(&self, i: usize) -> Option<&[u8]> {
+            self.runs[i].last_key()
+        }
+        fn load(&self, i: usize) -> Result<Arc<Run>> {
+            self.loads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(self.runs[i].clone())
+        }
+    }
+
+    /// A lone source hands out a run and loads the next one only when it is read: a reader
+    /// holding a zero-copy run does not hold the next one too.
+    #[test]
+    fn a_lone_source_loads_its_next_run_when_it_is_read() {
+        let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let list = Counted {
+            runs: vec![run(1..=6), run(7..=10), run(11..=12)],
+            loads: loads.clone(),
+        };
+        let mut reader = MergeReader::new(vec![Box::new(list)], None, 16).unwrap();
+        let loaded = || loads.load(std::sync::atomic::Ordering::Relaxed);
+        let keys = |b: KeyedBatch| -> Vec<i64> {
+            let k = b
+                .batch
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            k.values().to_vec()
+        };
+        assert_eq!(
+            keys(reader.next_batch().unwrap().unwrap()),
+            [1, 2, 3, 4, 5, 6]
+        );
+        assert_eq!(loaded(), 1);
+        assert_eq!(keys(reader.next_batch().unwrap().unwrap()), [7, 8, 9, 10]);
+        assert_eq!(loaded(), 2);
+        assert_eq!(keys(reader.next_batch().unwrap().unwrap()), [11, 12]);
+        assert!(reader.next_batch().unwrap().is_none());
+        assert_eq!(loaded(), 3);
     }
 
     /// A rewrite (compaction) fills its batches across a lone source's runs: it writes each
