@@ -52,25 +52,25 @@ impl BlockCache {
     /// The cached block, if any.
     pub fn get(&self, key: Key) -> Option<Arc<Rows>> {
         let mut inner = self.inner.lock().ok()?;
-        if let Some((run, _)) = inner.blocks.get(&key) {
-            return Some(run.clone());
+        if let Some((rows, _)) = inner.blocks.get(&key) {
+            return Some(rows.clone());
         }
-        let run = inner.held.get(&key)?.upgrade();
-        if run.is_none() {
+        let rows = inner.held.get(&key)?.upgrade();
+        if rows.is_none() {
             inner.held.remove(&key);
         }
-        run
+        rows
     }
 
     /// Keeps a decoded block, evicting the oldest ones beyond the budget.
-    pub fn insert(&self, key: Key, run: Arc<Rows>, bytes: usize) {
+    pub fn insert(&self, key: Key, rows: Arc<Rows>, bytes: usize) {
         if bytes > self.budget / 4 {
             return;
         }
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if inner.blocks.insert(key, (run, bytes)).is_some() {
+        if inner.blocks.insert(key, (rows, bytes)).is_some() {
             return;
         }
         inner.held.remove(&key);
@@ -80,16 +80,16 @@ impl BlockCache {
             let Some(old) = inner.order.pop_front() else {
                 break;
             };
-            if let Some((run, b)) = inner.blocks.remove(&old) {
+            if let Some((rows, b)) = inner.blocks.remove(&old) {
                 inner.bytes -= b;
-                // `run` is the cache's own reference: another means a reader holds it.
-                if Arc::strong_count(&run) > 1 {
-                    inner.held.insert(old, Arc::downgrade(&run));
+                // `rows` is the cache's own reference: another means a reader holds it.
+                if Arc::strong_count(&rows) > 1 {
+                    inner.held.insert(old, Arc::downgrade(&rows));
                 }
             }
         }
         if inner.held.len() > inner.sweep_at {
-            inner.held.retain(|_, run| run.strong_count() > 0);
+            inner.held.retain(|_, rows| rows.strong_count() > 0);
             // Amortized: the next sweep comes after as many insertions as entries survived.
             inner.sweep_at = (2 * inner.held.len()).max(1024);
         }
