@@ -238,7 +238,12 @@ pub struct Position(Box<[u8]>);
 impl Position {
     /// The position of row `row` of encoded keys.
     pub fn from_keys(keys: &BinaryArray, row: usize) -> Self {
-        Self(keys.value(row).into())
+        Self::from_bytes(keys.value(row))
+    }
+
+    /// The position of an encoded key.
+    pub(crate) fn from_bytes(key: &[u8]) -> Self {
+        Self(key.into())
     }
 
     /// The encoded bytes (compare with other keys of the same [`PrimaryKey`]).
@@ -367,7 +372,14 @@ pub(crate) fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
 /// A cheap runtime check on every snapshot batch: storage order and comparator order must
 /// agree, or the backfill would silently skip or duplicate rows.
 pub(crate) fn first_unordered(keys: &BinaryArray) -> Option<usize> {
-    (1..keys.len()).find(|&i| keys.value(i - 1) >= keys.value(i))
+    first_unordered_in(keys, 0, keys.len())
+}
+
+/// [`first_unordered`] of the keys `start..start + len` of `keys`, as a row of that range.
+pub(crate) fn first_unordered_in(keys: &BinaryArray, start: usize, len: usize) -> Option<usize> {
+    (start + 1..start + len)
+        .find(|&i| keys.value(i - 1) >= keys.value(i))
+        .map(|i| i - start)
 }
 
 /// The first 16 bytes of an encoded key as two big-endian integers, zero-padded: sorting

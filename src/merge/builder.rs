@@ -1,11 +1,14 @@
 //! How merged rows are materialized: indices first, one `interleave` per column at the end.
 //!
-//! The merge loop does not copy rows. Each input batch it receives goes into a *slot*; each
-//! winning row (or run of rows) is recorded as `(slot, row)` indices. [`OutputBuilder::build`]
-//! turns the recorded indices into one batch with `interleave` (per column; the encoded keys
-//! are interleaved too, or encoded afresh, see [`OutputKeys`]) from the slots those rows use,
-//! then frees every slot that no cursor points into any more. When the whole output is one
-//! stretch of one batch (clustered keys), it is a zero-copy slice instead.
+//! The merge loop does not copy rows. Each input's rows (a [`Run`]: a range of rows it may
+//! share with other inputs, such as the block of a run file several vnodes are packed into)
+//! go into a *slot*; each winning row (or run of rows) is recorded as an index into the
+//! shared rows of its slot. [`OutputBuilder::build`] turns the recorded indices into one
+//! batch with `interleave` (per column; the encoded keys are interleaved too, or encoded
+//! afresh, see [`OutputKeys`]) from the shared rows those rows use, each once however many
+//! inputs' ranges they hold, then frees every slot that no cursor points into any more. When
+//! the whole output is one stretch of one shared batch (clustered keys), it is a zero-copy
+//! slice instead.
 //!
 //! ```text
 //!   slots                        indices                       output
@@ -13,6 +16,8 @@
 //!   1: in1 [b d]   (current)     (0,2)                 --> interleave -->
 //!   2: in0 [g h]   (current)
 //!   after build: slot 0 is freed (in0 moved on to slot 2); slots 1 and 2 keep their numbers
+//!   (here each slot's rows are their own; slots that are ranges of one shared batch are
+//!   one source of the interleave, indexed by their rows' places in it)
 //! ```
 //!
 //! A batch stays in a slot while it is its input's current batch. An input only gets a new
@@ -34,6 +39,7 @@ use crate::error::{Result, internal};
 use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
 use crate::store::KeyedBatch;
+use crate::store::run::{Rows, Run};
 use crate::vnode::VirtualNode;
 
 /// An empty batch with `schema`, or with no columns if no schema is known.
@@ -45,10 +51,10 @@ pub(crate) fn empty_batch(schema: Option<&SchemaRef>) -> KeyedBatch {
     }
 }
 
-/// One input batch referenced by the indices.
+/// One input's rows referenced by the indices.
 #[derive(Debug)]
 struct Slot {
-    batch: KeyedBatch,
+    run: Run,
 }
 
 /// What one input contributed to the output being built.
@@ -87,12 +93,14 @@ pub(crate) struct OutputBuilder {
     /// Slots that stopped being their input's current batch: rows of the output being built
     /// may still point into them, so they are freed when it is built.
     retired: Vec<usize>,
-    /// The slots the recorded rows use, in order of first use.
-    used: Vec<usize>,
-    /// Per input with rows in the output being built: the place in `used` of its current
-    /// slot.
-    current_used: Vec<usize>,
-    /// `(place in used, row)` of every recorded row.
+    /// The shared rows the recorded rows are ranges of, each once, in order of first use.
+    sources: Vec<Arc<Rows>>,
+    /// The place in `sources` of shared rows, by their address.
+    source_of: hashbrown::HashMap<usize, usize>,
+    /// Per input with rows in the output being built: the place in `sources` of its current
+    /// slot's rows, and where its range starts in them.
+    current_used: Vec<(usize, usize)>,
+    /// `(place in sources, row in those rows)` of every recorded row.
     indices: Vec<(usize, usize)>,
     tallies: Vec<Tally>,
     /// Inputs with rows in the output being built, in order of their first row.
@@ -109,8 +117,9 @@ impl OutputBuilder {
             free: Vec::new(),
             current: vec![None; k],
             retired: Vec::new(),
-            used: Vec::new(),
-            current_used: vec![0; k],
+            sources: Vec::new(),
+            source_of: hashbrown::HashMap::new(),
+            current_used: vec![(0, 0); k],
             indices: Vec::with_capacity(batch_size),
             tallies: vec![Tally::default(); k],
             touched: Vec::new(),
@@ -119,9 +128,13 @@ impl OutputBuilder {
         }
     }
 
-    /// Makes `batch` the current batch of `input`.
-    pub fn push_batch(&mut self, input: usize, batch: KeyedBatch) {
-        let slot = Slot { batch };
+    /// Makes `run` the current rows of `input`.
+    pub fn push_run(&mut self, input: usize, run: Run) {
+        if self.tallies[input].rows > 0 {
+            // The input has rows in this output and moves on to new rows mid-build.
+            self.current_used[input] = self.add_source(&run);
+        }
+        let slot = Slot { run };
         let id = match self.free.pop() {
             Some(id) => {
                 self.slots[id] = Some(slot);
@@ -135,11 +148,18 @@ impl OutputBuilder {
         if let Some(old) = self.current[input].replace(id) {
             self.retired.push(old);
         }
-        if self.tallies[input].rows > 0 {
-            // The input has rows in this output and moves on to a new batch mid-build.
-            self.current_used[input] = self.used.len();
-            self.used.push(id);
-        }
+    }
+
+    /// Adds the shared rows of `run` to the sources (once) and returns what `current_used`
+    /// holds for it: their place there and where the run starts in them.
+    fn add_source(&mut self, run: &Run) -> (usize, usize) {
+        let (shared, start) = run.rows();
+        let address = Arc::as_ptr(shared) as usize;
+        let place = *self.source_of.entry(address).or_insert_with(|| {
+            self.sources.push(shared.clone());
+            self.sources.len() - 1
+        });
+        (place, start)
     }
 
     /// Marks `input` as having no current batch (its scan is exhausted or restarted).
@@ -154,56 +174,49 @@ impl OutputBuilder {
     // (`merge/256x1M/kway`: +6% inlined).
     #[inline(always)]
     pub fn push_rows(&mut self, input: usize, start: usize, n: usize) -> Result<()> {
-        let tally = &mut self.tallies[input];
-        if tally.rows == 0 {
-            // The input's first rows in this output: its current slot joins `used` (a slot
-            // it moves on to later joins in `push_batch`).
+        if self.tallies[input].rows == 0 {
+            // The input's first rows in this output: its current rows join the sources (rows
+            // it moves on to later join in `push_run`).
             let id = self.current[input]
                 .ok_or_else(|| internal!("merge input {input} emitted a row with no batch"))?;
+            let run = match &self.slots[id] {
+                Some(slot) => slot.run.clone(),
+                None => return Err(internal!("merge output slot {id} is free")),
+            };
             self.touched.push(input);
-            self.current_used[input] = self.used.len();
-            self.used.push(id);
+            self.current_used[input] = self.add_source(&run);
         }
-        let dense = self.current_used[input];
+        let (source, offset) = self.current_used[input];
+        let start = offset + start;
+        let tally = &mut self.tallies[input];
         tally.rows += n;
         if n == 1 {
-            self.indices.push((dense, start));
+            self.indices.push((source, start));
         } else {
             self.indices
-                .extend((start..start + n).map(|row| (dense, row)));
+                .extend((start..start + n).map(|row| (source, row)));
         }
         tally.last_out_row = self.indices.len() - 1;
         Ok(())
     }
 
-    /// When every recorded row is one contiguous stretch of one batch: its slot and first row.
-    fn single_range(&self) -> Option<(usize, usize)> {
-        let &(_, start) = self.indices.first()?;
-        // One batch, so one input: an input's rows come in order and none is skipped, so
-        // every row between the first and the last is there too.
-        match self.used.as_slice() {
-            [slot] => Some((*slot, start)),
-            _ => None,
-        }
+    /// When every recorded row is one contiguous stretch of one shared batch: its first row.
+    fn single_range(&self) -> Option<usize> {
+        let &(_, first) = self.indices.first()?;
+        let contiguous = self.sources.len() == 1
+            && (self.indices.iter().enumerate()).all(|(i, &(_, row))| row == first + i);
+        contiguous.then_some(first)
     }
 
-    /// The current batch of `input`, if it has one.
-    pub fn current_batch(&self, input: usize) -> Option<&KeyedBatch> {
+    /// The current rows of `input`, if it has any.
+    pub fn current_run(&self, input: usize) -> Option<&Run> {
         let id = (*self.current.get(input)?)?;
-        self.slots.get(id)?.as_ref().map(|slot| &slot.batch)
+        self.slots.get(id)?.as_ref().map(|slot| &slot.run)
     }
 
     /// Rows recorded for the output being built.
     pub fn len(&self) -> usize {
         self.indices.len()
-    }
-
-    /// The batch in slot `id`.
-    fn batch(&self, id: usize) -> Result<&KeyedBatch> {
-        self.slots[id]
-            .as_ref()
-            .map(|slot| &slot.batch)
-            .ok_or_else(|| internal!("merge output slot {id} is free"))
     }
 
     /// Materializes the recorded rows and each input's advance, then drops consumed batches.
@@ -219,7 +232,7 @@ impl OutputBuilder {
             return Ok((empty_batch(fallback), Vec::new()));
         }
         let KeyedBatch { batch, keys } = match self.single_range() {
-            Some((slot, start)) => self.batch(slot)?.slice(start, self.indices.len()),
+            Some(start) => self.sources[0].data.slice(start, self.indices.len()),
             None => self.interleave()?,
         };
         let progress = self
@@ -240,13 +253,9 @@ impl OutputBuilder {
         Ok((KeyedBatch { batch, keys }, progress))
     }
 
-    /// Gathers the recorded rows from the slots they use, column by column.
+    /// Gathers the recorded rows from the shared rows they are in, column by column.
     fn interleave(&self) -> Result<KeyedBatch> {
-        let used: Vec<&KeyedBatch> = self
-            .used
-            .iter()
-            .map(|&id| self.batch(id))
-            .collect::<Result<_>>()?;
+        let used: Vec<&KeyedBatch> = self.sources.iter().map(|rows| &rows.data).collect();
         let batches: Vec<&RecordBatch> = used.iter().map(|b| &b.batch).collect();
         let batch = interleave_record_batch(&batches, &self.indices)?;
         let keys = match &self.keys {
@@ -262,9 +271,10 @@ impl OutputBuilder {
         Ok(KeyedBatch { batch, keys })
     }
 
-    /// Ends a build: forgets which slots it used and frees the retired ones.
+    /// Ends a build: forgets which rows it used and frees the retired slots.
     fn release(&mut self) {
-        self.used.clear();
+        self.sources.clear();
+        self.source_of.clear();
         for id in self.retired.drain(..) {
             self.slots[id] = None;
             self.free.push(id);
@@ -286,18 +296,22 @@ mod tests {
     use super::*;
     use crate::merge::testing::{ids, int_key, int_rows_with_ids};
 
+    fn whole(batch: KeyedBatch) -> Run {
+        Run::new(batch, None).unwrap()
+    }
+
     #[test]
     fn rows_interleave_and_consumed_batches_are_dropped() {
         let pk = int_key(false);
         let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
         let mut builder = OutputBuilder::new(vnodes, 4, OutputKeys::Gather);
-        builder.push_batch(0, int_rows_with_ids(&pk, &[1, 3, 5], 100));
-        builder.push_batch(1, int_rows_with_ids(&pk, &[2, 4], 200));
+        builder.push_run(0, whole(int_rows_with_ids(&pk, &[1, 3, 5], 100)));
+        builder.push_run(1, whole(int_rows_with_ids(&pk, &[2, 4], 200)));
         for (input, row) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)] {
             builder.push_rows(input, row, 1).unwrap();
         }
         // Input 0 moves on; input 1 is exhausted.
-        builder.push_batch(0, int_rows_with_ids(&pk, &[7, 8], 300));
+        builder.push_run(0, whole(int_rows_with_ids(&pk, &[7, 8], 300)));
         builder.finish_input(1);
         builder.push_rows(0, 0, 1).unwrap();
         assert_eq!(builder.held(), 3);
@@ -333,8 +347,8 @@ mod tests {
         let pk = int_key(false);
         let vnodes = vec![VirtualNode::new(10), VirtualNode::new(20)];
         let mut builder = OutputBuilder::new(vnodes, 8, OutputKeys::Encode(pk.clone()));
-        builder.push_batch(0, int_rows_with_ids(&pk, &[1, 2, 3, 4, 5, 6], 100));
-        builder.push_batch(1, int_rows_with_ids(&pk, &[7, 8], 200));
+        builder.push_run(0, whole(int_rows_with_ids(&pk, &[1, 2, 3, 4, 5, 6], 100)));
+        builder.push_run(1, whole(int_rows_with_ids(&pk, &[7, 8], 200)));
         // Interleaved runs: gathered.
         builder.push_rows(0, 0, 2).unwrap();
         builder.push_rows(1, 0, 1).unwrap();
@@ -352,7 +366,7 @@ mod tests {
         assert_eq!(ids(&out.batch), vec![103, 104, 105]);
         assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
         let ids_of = |b: &RecordBatch| b.column(1).as_primitive::<UInt64Type>().values().clone();
-        let source = &builder.batch(builder.current[0].unwrap()).unwrap().batch;
+        let source = &builder.current_run(0).unwrap().rows().0.data.batch;
         assert_eq!(
             ids_of(&out.batch).as_ptr(),
             ids_of(source)[3..].as_ptr(),
@@ -362,6 +376,41 @@ mod tests {
         assert_eq!(
             (progress[0].rows, &progress[0].last),
             (3, &Position::from_keys(&out.keys, 2))
+        );
+    }
+
+    #[test]
+    fn ranges_of_one_shared_batch_are_one_source_and_adjacent_ones_a_slice() {
+        let pk = int_key(false);
+        let vnodes = vec![
+            VirtualNode::new(1),
+            VirtualNode::new(2),
+            VirtualNode::new(3),
+        ];
+        let mut builder = OutputBuilder::new(vnodes, 8, OutputKeys::Gather);
+        // One block holding three inputs' rows, as a run file packs short runs.
+        let block =
+            Rows::new(int_rows_with_ids(&pk, &[1, 3, 5, 2, 4, 6, 7, 8], 100), None).unwrap();
+        builder.push_run(0, Run::range(&block, 0, 3).unwrap());
+        builder.push_run(1, Run::range(&block, 3, 3).unwrap());
+        builder.push_run(2, Run::range(&block, 6, 2).unwrap());
+        for (input, row) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)] {
+            builder.push_rows(input, row, 1).unwrap();
+        }
+        assert_eq!(builder.sources.len(), 1, "one block, one source");
+        let (out, progress) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![100, 103, 101, 104, 102, 105]);
+        assert_eq!(out.keys, pk.encode(&out.batch).unwrap());
+        assert_eq!(progress[1].last, Position::from_keys(&out.keys, 5));
+        // Input 2's rows alone: a slice of the block, at its range's place in it.
+        builder.push_rows(2, 0, 2).unwrap();
+        let (out, _) = builder.build(None).unwrap();
+        assert_eq!(ids(&out.batch), vec![106, 107]);
+        let ids_of = |b: &RecordBatch| b.column(1).as_primitive::<UInt64Type>().values().clone();
+        assert_eq!(
+            ids_of(&out.batch).as_ptr(),
+            ids_of(&block.data.batch)[6..].as_ptr(),
+            "not copied"
         );
     }
 

@@ -1,7 +1,7 @@
 //! One merge input: a vnode's scan, with empty batches skipped and key order checked.
 //!
 //! ```text
-//!   scan.next_batch()         MergeInput::next_batch()
+//!   scan.next_rows()          MergeInput::next_run()
 //!   [1 2] [] [5 9] None  -->  Some([1 2]), Some([5 9]), None (and the scan is dropped)
 //!   [1 2] [2 3]          -->  Some([1 2]), Err(OrderViolation { row: 0 })
 //! ```
@@ -11,13 +11,15 @@
 //! it. It costs one `memcmp` per row, done once when the batch arrives. A disagreement
 //! between storage order and comparator order would otherwise silently corrupt positions.
 
-use arrow_array::Array;
+use std::collections::VecDeque;
+
 use arrow_schema::SchemaRef;
 
-use crate::error::{Error, Result, internal};
-use crate::key::{Position, first_unordered};
+use crate::error::{Error, Result};
+use crate::key::{Position, first_unordered_in};
 use crate::merge::patch::{Patch, Patches};
-use crate::store::{KeyedBatch, SnapshotScan};
+use crate::store::SnapshotScan;
+use crate::store::run::Run;
 use crate::vnode::VirtualNode;
 
 /// A vnode's scan and what the mergers need to know about it.
@@ -29,8 +31,12 @@ pub(crate) struct MergeInput<S> {
     /// The scan a restart replaced, kept until the new one has read: what it holds loaded
     /// (a block the new scan starts in, say) stays where a store's cache can find it.
     retired: Option<S>,
-    /// Rows handed out but not consumed when a patch came, handed out again first.
-    unread: Option<KeyedBatch>,
+    /// Rows to hand out before the scan's next, with every patch applied: the ranges a
+    /// patched batch became (see [`Patches::apply`]).
+    ready: VecDeque<Run>,
+    /// Rows to hand out before those of the scan, still to be patched: rows handed out but
+    /// not consumed when a patch came, and the ready ones then.
+    unread: VecDeque<Run>,
     /// Changes not yet merged into the rows handed out (see `patch.rs`).
     patches: Patches,
     /// The last key handed out (reused buffer); meaningful when `seen_rows`.
@@ -44,7 +50,8 @@ impl<S: SnapshotScan> MergeInput<S> {
             vnode,
             scan: Some(scan),
             retired: None,
-            unread: None,
+            ready: VecDeque::new(),
+            unread: VecDeque::new(),
             patches: Patches::default(),
             last_key: Vec::new(),
             seen_rows: false,
@@ -60,29 +67,28 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// check continues from `after`: rows read ahead of it and not emitted may come again.
     pub fn restart(&mut self, scan: S, after: Option<&Position>) {
         self.retired = self.scan.replace(scan);
-        self.unread = None;
+        self.ready.clear();
+        self.unread.clear();
         self.patches = Patches::default();
         self.continue_after(after);
     }
 
     /// Keeps the scan and merges `patch` (changes to the vnode's rows strictly after
     /// `after`, its position) into the rows it hands out from now on, starting with
-    /// `unread`: the rows it handed out that were not consumed, in order, all after `after`.
+    /// `unread`: the rows it handed out last that were not consumed, in order, all after
+    /// `after` (and before any rows it holds).
     pub fn patch(
         &mut self,
-        unread: Option<KeyedBatch>,
+        unread: Option<Run>,
         patch: Patch,
         after: Option<&Position>,
     ) -> Result<()> {
-        if let Some(unread) = unread.filter(|b| !b.is_empty()) {
-            if self.unread.is_some() {
-                return Err(internal!(
-                    "vnode {} gave back rows twice without reading",
-                    self.vnode
-                ));
-            }
-            self.unread = Some(unread);
-        }
+        // Everything held is patched again, in order: the given-back rows, the ready ones,
+        // then those still to patch.
+        let mut held: VecDeque<Run> = unread.filter(|r| r.len() > 0).into_iter().collect();
+        held.extend(self.ready.drain(..));
+        held.append(&mut self.unread);
+        self.unread = held;
         self.patches.push(patch)?;
         self.continue_after(after);
         Ok(())
@@ -101,93 +107,83 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// True once the scan returned `None` and nothing is left to hand out.
     #[cfg(test)]
     pub fn is_exhausted(&self) -> bool {
-        self.scan.is_none() && self.unread.is_none() && self.patches.is_empty()
+        self.scan.is_none()
+            && self.ready.is_empty()
+            && self.unread.is_empty()
+            && self.patches.is_empty()
     }
 
-    /// The next non-empty batch, checked, or `None` when the scan is exhausted (then, and on
-    /// every later call). Records the schema of any batch seen, empty ones included, in
+    /// The next non-empty rows, checked, or `None` when the scan is exhausted (then, and on
+    /// every later call). Records the schema of any rows seen, empty ones included, in
     /// `schema` if that is still unset.
-    pub fn next_batch(
-        &mut self,
-        table: &str,
-        schema: &mut Option<SchemaRef>,
-    ) -> Result<Option<KeyedBatch>> {
-        self.next_batch_with(table, schema, |batch| first_unordered(&batch.keys))
+    pub fn next_run(&mut self, table: &str, schema: &mut Option<SchemaRef>) -> Result<Option<Run>> {
+        self.next_run_with(table, schema, |run| {
+            let (shared, start) = run.rows();
+            first_unordered_in(&shared.data.keys, start, run.len())
+        })
     }
 
-    /// Like [`MergeInput::next_batch`], with `unordered` finding the first row of a batch
-    /// whose key does not strictly increase (`key::first_unordered` on the encoded keys, or
-    /// an equivalent check on native key values that is cheaper than a `memcmp` per row).
-    /// The order across batches is always checked on the encoded keys.
-    pub fn next_batch_with(
+    /// Like [`MergeInput::next_run`], with `unordered` finding the first row of a run whose
+    /// key does not strictly increase (`key::first_unordered_in` on the encoded keys, or an
+    /// equivalent check on native key values that is cheaper than a `memcmp` per row). The
+    /// order across runs is always checked on the encoded keys.
+    pub fn next_run_with(
         &mut self,
         table: &str,
         schema: &mut Option<SchemaRef>,
-        unordered: impl Fn(&KeyedBatch) -> Option<usize>,
-    ) -> Result<Option<KeyedBatch>> {
+        unordered: impl Fn(&Run) -> Option<usize>,
+    ) -> Result<Option<Run>> {
         loop {
-            let next = match self.unread.take() {
+            if let Some(run) = self.ready.pop_front() {
+                if schema.is_none() {
+                    *schema = Some(run.rows().0.data.batch.schema());
+                }
+                if run.len() == 0 {
+                    continue;
+                }
+                self.check_order(table, &run, unordered(&run))?;
+                return Ok(Some(run));
+            }
+            let next = match self.unread.pop_front() {
                 Some(unread) => Some(unread),
                 None => self.scan_next()?,
             };
-            let next = self.patches.apply(next)?;
-            let Some(batch) = next else {
+            let end = next.is_none();
+            self.ready.extend(self.patches.apply(next)?);
+            if end && self.ready.is_empty() {
                 return Ok(None);
-            };
-            if schema.is_none() {
-                *schema = Some(batch.batch.schema());
             }
-            if batch.keys.len() != batch.num_rows() {
-                return Err(internal!(
-                    "snapshot batch of vnode {} has {} rows but {} keys",
-                    self.vnode,
-                    batch.num_rows(),
-                    batch.keys.len()
-                ));
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            self.check_order(table, &batch, unordered(&batch))?;
-            return Ok(Some(batch));
         }
     }
 
-    /// The scan's next batch; `None` once it is exhausted (and dropped).
-    fn scan_next(&mut self) -> Result<Option<KeyedBatch>> {
+    /// The scan's next rows; `None` once it is exhausted (and dropped).
+    fn scan_next(&mut self) -> Result<Option<Run>> {
         let Some(scan) = self.scan.as_mut() else {
             return Ok(None);
         };
-        let next = scan.next_batch()?;
+        let next = scan.next_rows()?;
         self.retired = None;
         if next.is_none() {
             self.scan = None;
         }
-        Ok(next)
+        Ok(next.map(|rows| rows.0))
     }
 
-    /// Checks `batch` follows the batch before it; `unordered` is its first row out of order.
-    fn check_order(
-        &mut self,
-        table: &str,
-        batch: &KeyedBatch,
-        unordered: Option<usize>,
-    ) -> Result<()> {
-        let keys = &batch.keys;
+    /// Checks `run` follows the rows before it; `unordered` is its first row out of order.
+    fn check_order(&mut self, table: &str, run: &Run, unordered: Option<usize>) -> Result<()> {
         let violation = |row| Error::OrderViolation {
             table: table.to_owned(),
             vnode: self.vnode.get(),
             row,
         };
-        if self.seen_rows && keys.value(0) <= self.last_key.as_slice() {
+        if self.seen_rows && run.key(0) <= self.last_key.as_slice() {
             return Err(violation(0));
         }
         if let Some(row) = unordered {
             return Err(violation(row));
         }
         self.last_key.clear();
-        self.last_key
-            .extend_from_slice(keys.value(keys.len().saturating_sub(1)));
+        self.last_key.extend_from_slice(run.key(run.len() - 1));
         self.seen_rows = true;
         Ok(())
     }
@@ -201,8 +197,8 @@ mod tests {
     fn drain(input: &mut MergeInput<VecScan>) -> Result<Vec<usize>> {
         let mut schema = None;
         let mut sizes = Vec::new();
-        while let Some(b) = input.next_batch("t", &mut schema)? {
-            sizes.push(b.num_rows());
+        while let Some(run) = input.next_run("t", &mut schema)? {
+            sizes.push(run.len());
         }
         Ok(sizes)
     }

@@ -43,7 +43,8 @@ use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
 use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger};
-use crate::store::{KeyedBatch, SnapshotScan};
+use crate::store::SnapshotScan;
+use crate::store::run::Run;
 use crate::vnode::VirtualNode;
 
 /// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.
@@ -278,8 +279,8 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     /// patch applied; the tree is rebuilt before the next output.
     fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
         let input = self.input_between_outputs(vnode, "patch")?;
-        let unread = match (&self.cursors[input], self.builder.current_batch(input)) {
-            (Some(cursor), Some(batch)) => Some(batch.slice(cursor.row(), cursor.remaining())),
+        let unread = match (&self.cursors[input], self.builder.current_run(input)) {
+            (Some(cursor), Some(run)) => Some(run.slice(cursor.row(), cursor.remaining())),
             _ => None,
         };
         self.inputs[input].patch(unread, patch, after)?;
@@ -395,18 +396,18 @@ impl<S: SnapshotScan, C: Cursor> Merge<S, C> {
     /// Gives `input` a cursor on its next batch, or marks it exhausted.
     fn fetch(&mut self, input: usize) -> Result<()> {
         let config = &self.config;
-        let unordered = |batch: &KeyedBatch| C::first_unordered(config, batch);
-        let next = self.inputs[input].next_batch_with(&self.table, &mut self.schema, unordered)?;
+        let unordered = |run: &Run| C::first_unordered(config, run);
+        let next = self.inputs[input].next_run_with(&self.table, &mut self.schema, unordered)?;
         match next {
-            Some(batch) => {
-                if C::admit(&mut self.config, &batch) {
+            Some(run) => {
+                if C::admit(&mut self.config, &run) {
                     self.stale = true;
                     for cursor in self.cursors.iter_mut().flatten() {
                         cursor.refresh(&self.config);
                     }
                 }
-                self.cursors[input] = Some(C::open(&self.config, &batch)?);
-                self.builder.push_batch(input, batch);
+                self.cursors[input] = Some(C::open(&self.config, &run)?);
+                self.builder.push_run(input, run);
             }
             None => {
                 self.cursors[input] = None;

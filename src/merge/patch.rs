@@ -29,7 +29,7 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
 use crate::key::first_unordered;
-use crate::store::run::{Run, build_sliced_runs, newest_tier, partition_point};
+use crate::store::run::{Rows, Run, build_sliced_runs, newest_tier, partition_point};
 use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -180,6 +180,7 @@ impl Patch {
     fn sorted(&self, end: usize) -> Sorted<'_> {
         let (shared, start) = self.rows.rows();
         Sorted {
+            shared,
             rows: &shared.data,
             deleted: shared.deleted.as_ref(),
             start,
@@ -225,46 +226,45 @@ impl Patches {
         Ok(())
     }
 
-    /// `batch` (the input's next rows, keys strictly increasing) with the changes up to its
+    /// `rows` (the input's next rows, keys strictly increasing) with the changes up to their
     /// last key applied, or, at the end of the scan (`None`), every change left that is not a
-    /// tombstone (`None` if none is). The changes used are dropped.
-    pub fn apply(&mut self, batch: Option<KeyedBatch>) -> Result<Option<KeyedBatch>> {
+    /// tombstone. The changes used are dropped.
+    ///
+    /// The result is ranges of the rows they already are in, in key order, not a copy: the
+    /// stretches of `rows` between changed keys and the stretches of upserts of the patches
+    /// (tombstones cut them). A vnode with a few changes in a long batch costs a few ranges,
+    /// and many vnodes patched at a barrier stay ranges of a few shared batches (their blocks
+    /// and the barrier's changes), which is what a merge of them gathers from.
+    pub fn apply(&mut self, rows: Option<Run>) -> Result<Vec<Run>> {
         if self.stack.is_empty() {
-            return Ok(batch);
+            return Ok(rows.into_iter().collect());
         }
-        let last = batch
-            .as_ref()
-            .and_then(|b| b.keys.len().checked_sub(1).map(|i| b.keys.value(i)));
-        let upto: Vec<usize> = match (&batch, last) {
-            (Some(_), None) => return Ok(batch),
-            (Some(_), Some(last)) => self.stack.iter().map(|p| p.upto(last)).collect(),
-            (None, _) => self.stack.iter().map(Patch::len).collect(),
+        let upto: Vec<usize> = match &rows {
+            Some(run) => match run.last_key() {
+                None => return Ok(rows.into_iter().collect()),
+                Some(last) => self.stack.iter().map(|p| p.upto(last)).collect(),
+            },
+            None => self.stack.iter().map(Patch::len).collect(),
         };
         if upto.iter().all(|&n| n == 0) {
-            return Ok(batch);
+            return Ok(rows.into_iter().collect());
         }
         // The scanned rows are the oldest source and hold no tombstone.
         let mut sources: Vec<Sorted<'_>> = Vec::with_capacity(1 + self.stack.len());
-        if let Some(batch) = &batch {
+        if let Some(run) = &rows {
+            let (shared, start) = run.rows();
             sources.push(Sorted {
-                rows: batch,
+                shared,
+                rows: &shared.data,
                 deleted: None,
-                start: 0,
-                end: batch.num_rows(),
+                start,
+                end: start + run.len(),
             });
         }
         for (patch, &end) in self.stack.iter().zip(&upto) {
             sources.push(patch.sorted(end));
         }
-        let batches: Vec<&KeyedBatch> = sources.iter().map(|s| s.rows).collect();
-        let indices: Vec<(usize, usize)> = merge_sorted(&sources)
-            .into_iter()
-            .filter(|&(_, _, dead)| !dead)
-            .map(|(s, r, _)| (s, r))
-            .collect();
-        let rows = (!indices.is_empty() || batch.is_some())
-            .then(|| gather(&batches, &indices))
-            .transpose()?;
+        let pieces = ranges(&sources, &merge_sorted(&sources))?;
         // What is left of each patch: the rows after the batch.
         let stack = std::mem::take(&mut self.stack);
         self.stack = stack
@@ -273,12 +273,40 @@ impl Patches {
             .filter(|(patch, used)| *used < patch.len())
             .map(|(patch, used)| patch.tail(used))
             .collect();
-        Ok(rows)
+        Ok(pieces)
     }
+}
+
+/// The live picks of a merge (tombstones dropped) as ranges of their sources' shared rows:
+/// successive picks of successive rows of one source are one range.
+fn ranges(sources: &[Sorted<'_>], picks: &[(usize, usize, bool)]) -> Result<Vec<Run>> {
+    let mut pieces = Vec::new();
+    // The range being extended: (source, first row, rows).
+    let mut open: Option<(usize, usize, usize)> = None;
+    let mut close = |open: &mut Option<(usize, usize, usize)>| -> Result<()> {
+        if let Some((source, first, len)) = open.take() {
+            pieces.push(Run::range(sources[source].shared, first, len)?);
+        }
+        Ok(())
+    };
+    for &(source, row, dead) in picks {
+        match &mut open {
+            _ if dead => close(&mut open)?,
+            Some((s, first, len)) if *s == source && *first + *len == row => *len += 1,
+            _ => {
+                close(&mut open)?;
+                open = Some((source, row, 1));
+            }
+        }
+    }
+    close(&mut open)?;
+    Ok(pieces)
 }
 
 /// Rows `start..end` of a sorted source of a merge, with its tombstones.
 struct Sorted<'a> {
+    /// The shared rows (`rows` and `deleted` are theirs).
+    shared: &'a Arc<Rows>,
     rows: &'a KeyedBatch,
     deleted: Option<&'a BooleanBuffer>,
     start: usize,
@@ -340,6 +368,7 @@ mod tests {
 
     use super::*;
     use crate::merge::testing::{int_key, int_rows_with_ids};
+    use crate::store::run::Rows as SharedRows;
 
     /// Key to value (`None`: a tombstone), as a BTreeMap: the oracle.
     type Rows = BTreeMap<i64, Option<u64>>;
@@ -382,6 +411,35 @@ mod tests {
     }
 
     #[test]
+    fn unchanged_stretches_and_upserts_stay_ranges_of_the_rows_they_are_in() {
+        let pk = int_key(false);
+        let block = SharedRows::new(int_rows_with_ids(&pk, &[0, 2, 4, 6, 8, 10], 0), None).unwrap();
+        // The scan's rows are a range of a block: keys 2..=10.
+        let scanned = Run::range(&block, 1, 5).unwrap();
+        // 4 changes, 5 is new, 8 is deleted.
+        let rows = int_rows_with_ids(&pk, &[4, 5, 8], 100);
+        let deleted = BooleanBuffer::from(vec![false, false, true]);
+        let mut patches = Patches::default();
+        patches
+            .push(Patch::new(rows, Some(deleted)).unwrap())
+            .unwrap();
+        let pieces = patches.apply(Some(scanned.clone())).unwrap();
+        let got: Vec<Vec<u64>> = (pieces.iter())
+            .map(|p| rows_of(&p.data(), None).into_values().flatten().collect())
+            .collect();
+        assert_eq!(got, vec![vec![1], vec![100, 101], vec![3], vec![5]]);
+        assert_eq!(
+            pieces
+                .iter()
+                .map(|p| p.same_rows(&scanned))
+                .collect::<Vec<_>>(),
+            [true, false, true, true],
+            "no copy: the scan's stretches are ranges of its block"
+        );
+        assert!(patches.is_empty());
+    }
+
+    #[test]
     fn scanned_batches_come_out_with_the_changes_applied() {
         let pk = int_key(false);
         for seed in 0..300 {
@@ -419,14 +477,19 @@ mod tests {
                         vec![ids.batch.column(0).clone(), std::sync::Arc::new(zero)],
                     )
                     .unwrap();
-                    KeyedBatch {
+                    let rows = KeyedBatch {
                         batch,
                         keys: ids.keys,
-                    }
+                    };
+                    // A range at an offset in shared rows, as a scan of a packed block hands
+                    // it out.
+                    let shared = KeyedBatch::concat(&[rows.clone(), rows]).unwrap();
+                    Run::range(&SharedRows::new(shared, None).unwrap(), n, n).unwrap()
                 });
                 let end = batch.is_none();
                 let out = patches.apply(batch).unwrap();
-                if let Some(out) = out {
+                for out in out.iter().map(|run| run.data_of(0, run.len())) {
+                    assert!(!out.is_empty(), "seed {seed}: an empty range");
                     assert_eq!(first_unordered(&out.keys), None, "seed {seed}");
                     for (key, value) in rows_of(&out, None) {
                         assert!(last < Some(key), "seed {seed}: {key} out of order");

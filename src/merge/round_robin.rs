@@ -35,7 +35,8 @@ use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
 use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeAdvance};
-use crate::store::{KeyedBatch, SnapshotScan};
+use crate::store::SnapshotScan;
+use crate::store::run::{Run, assemble};
 use crate::vnode::VirtualNode;
 
 /// The most inputs one gathered output takes batches from.
@@ -44,8 +45,8 @@ pub const MAX_GATHERED_INPUTS: usize = 256;
 /// Per-vnode batches in turn, unmerged. See the module docs.
 pub struct RoundRobin<S: SnapshotScan> {
     inputs: Vec<MergeInput<S>>,
-    /// Per input, its next batch, fetched ahead.
-    ahead: Vec<Option<KeyedBatch>>,
+    /// Per input, its next rows, fetched ahead.
+    ahead: Vec<Option<Run>>,
     /// The inputs not yet found exhausted, in turn order: a pull costs the same however
     /// many inputs are done.
     turns: VecDeque<usize>,
@@ -101,7 +102,7 @@ impl<S: SnapshotScan> RoundRobin<S> {
 impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
     fn next_output(&mut self) -> Result<Option<MergeOutput>> {
         let mut exhausted = Vec::new();
-        let mut pieces: Vec<KeyedBatch> = Vec::new();
+        let mut pieces: Vec<Run> = Vec::new();
         let mut progress = Vec::new();
         let mut rows = 0;
         let mut inputs = 0;
@@ -117,7 +118,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
                 Some(batch) => batch,
-                None => match input.next_batch(&self.table, &mut self.schema)? {
+                None => match input.next_run(&self.table, &mut self.schema)? {
                     Some(batch) => batch,
                     None => {
                         self.queued[turn] = false;
@@ -126,7 +127,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                     }
                 },
             };
-            if rows > 0 && rows + batch.num_rows() > self.output_rows {
+            if rows > 0 && rows + batch.len() > self.output_rows {
                 // It does not fit: it starts the next output.
                 self.ahead[turn] = Some(batch);
                 self.turns.push_front(turn);
@@ -137,14 +138,15 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             let (mut batch, mut taken) = (batch, 0);
             let last = loop {
                 let last = batch
-                    .last_position()
+                    .last_key()
+                    .map(Position::from_bytes)
                     .ok_or_else(|| internal!("a merge input yielded an empty batch"))?;
-                taken += batch.num_rows();
-                rows += batch.num_rows();
+                taken += batch.len();
+                rows += batch.len();
                 pieces.push(batch);
                 // Look ahead, so the vnode's exhaustion travels with its last rows.
-                match input.next_batch(&self.table, &mut self.schema)? {
-                    Some(next) if rows + next.num_rows() <= self.output_rows => batch = next,
+                match input.next_run(&self.table, &mut self.schema)? {
+                    Some(next) if rows + next.len() <= self.output_rows => batch = next,
                     Some(next) => {
                         self.ahead[turn] = Some(next);
                         self.turns.push_back(turn);
@@ -168,16 +170,14 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                 break;
             }
         }
-        let batch = match pieces.len() {
-            0 => {
-                return Ok((!exhausted.is_empty()).then(|| MergeOutput {
-                    batch: empty_batch(self.schema.as_ref()),
-                    progress,
-                    exhausted,
-                }));
-            }
-            1 => pieces.swap_remove(0),
-            _ => KeyedBatch::concat(&pieces)?,
+        // One piece, or ranges that follow each other in the rows they share (successive
+        // vnodes packed into one block): a slice; else a copy.
+        let Some(batch) = assemble(&pieces)? else {
+            return Ok((!exhausted.is_empty()).then(|| MergeOutput {
+                batch: empty_batch(self.schema.as_ref()),
+                progress,
+                exhausted,
+            }));
         };
         Ok(Some(MergeOutput {
             batch,

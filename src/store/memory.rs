@@ -16,7 +16,7 @@ use hashbrown::HashMap;
 use rayon::prelude::*;
 
 use super::run::{MergeReader, Run, RunList, build_pending_runs, compact};
-use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
+use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
@@ -392,6 +392,11 @@ pub struct MemoryScan {
 impl SnapshotScan for MemoryScan {
     fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
         self.reader.next_batch()
+    }
+
+    /// A range of the rows the run was read into when the batch is one (no arrays sliced).
+    fn next_rows(&mut self) -> Result<Option<ScanRows>> {
+        Ok(self.reader.next_run()?.map(ScanRows))
     }
 }
 

@@ -238,4 +238,42 @@ pub trait StateTable: Send + Sync + 'static {
 pub trait SnapshotScan: Send + 'static {
     /// The next batch, or `None` when the scan is exhausted.
     fn next_batch(&mut self) -> Result<Option<KeyedBatch>>;
+
+    /// The next rows as the merges read them: [`SnapshotScan::next_batch`]'s batch, unless a
+    /// store hands out a range of rows it shares with other scans ([`ScanRows`]).
+    fn next_rows(&mut self) -> Result<Option<ScanRows>> {
+        self.next_batch()?.map(ScanRows::new).transpose()
+    }
+}
+
+/// Rows a scan hands out, in key order: a batch of their own, or a range of rows shared with
+/// other scans (the block of a run file several vnodes' runs are packed into, say).
+///
+/// A merge of many vnodes reads ranges as they are: it compares their keys in place and
+/// gathers its output from the shared rows, never slicing each vnode's range into arrays of
+/// its own (at thousands of vnodes a read, those slices and their drops were a large part of
+/// the work).
+#[derive(Debug, Clone)]
+pub struct ScanRows(pub(crate) run::Run);
+
+impl ScanRows {
+    /// `batch` as scan rows: its keys must be one per row.
+    pub fn new(batch: KeyedBatch) -> Result<Self> {
+        run::Run::new(batch, None).map(Self)
+    }
+
+    /// Number of rows.
+    pub fn num_rows(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    /// The rows as a batch of arrays (zero-copy slices of the shared rows).
+    pub fn to_batch(&self) -> KeyedBatch {
+        self.0.data_of(0, self.0.len())
+    }
 }

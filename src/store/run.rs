@@ -172,6 +172,11 @@ impl Run {
         (i < self.len() && self.key(i) == key).then_some(i)
     }
 
+    /// Whether `other` is a range of the same shared rows.
+    pub fn same_rows(&self, other: &Run) -> bool {
+        Arc::ptr_eq(&self.rows, &other.rows)
+    }
+
     /// Rows `offset..offset + len`, a range of the same rows.
     pub(crate) fn slice(&self, offset: usize, len: usize) -> Run {
         debug_assert!(offset + len <= self.len);
@@ -686,11 +691,11 @@ impl MergeReader {
         let Some(batch) = assemble(&pieces)? else {
             return Ok(None);
         };
-        let any = (pieces.iter()).any(|(run, start, len)| run.slice(*start, *len).has_tombstones());
+        let any = pieces.iter().any(Run::has_tombstones);
         let deleted = any.then(|| {
             let mut mask = BooleanBufferBuilder::new(batch.num_rows());
-            for (run, start, len) in &pieces {
-                run.append_deleted(*start, *len, &mut mask);
+            for piece in &pieces {
+                piece.append_deleted(0, piece.len(), &mut mask);
             }
             BooleanArray::new(mask.finish(), None)
         });
@@ -707,19 +712,31 @@ impl MergeReader {
         assemble(&pieces)
     }
 
+    /// [`MergeReader::next_batch`] as a run: a range of the rows it was read from when the
+    /// batch is one range (no arrays sliced), else the assembled copy.
+    pub fn next_run(&mut self) -> Result<Option<Run>> {
+        let mut pieces = self.next_pieces()?;
+        if pieces.len() == 1 {
+            return Ok(pieces.pop());
+        }
+        assemble(&pieces)?
+            .map(|batch| Run::new(batch, None))
+            .transpose()
+    }
+
     /// Whether at most one source has rows left.
     fn lone_source(&self) -> bool {
         self.sources.iter().filter(|s| s.current.is_some()).count() <= 1
     }
 
     /// The row ranges of the next batch, in order.
-    fn next_pieces(&mut self) -> Result<Vec<Piece>> {
+    fn next_pieces(&mut self) -> Result<Vec<Run>> {
         self.open()?;
         // A lone source's next run is loaded here, when it is read (see below).
         for source in &mut self.sources {
             source.settle()?;
         }
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut pieces: Vec<Run> = Vec::new();
         let mut total = 0;
         while total < self.batch_size {
             // The smallest head; among equal keys the newest source (highest index) wins.
@@ -741,9 +758,7 @@ impl MergeReader {
             // its runs follow each other, so every batch can be a zero-copy range of one):
             // handing out a short zero-copy slice beats copying the pieces into one. A chain
             // of short runs over many vnodes was otherwise copied whole, into fresh memory.
-            if pieces
-                .last()
-                .is_some_and(|(last, _, _)| !Arc::ptr_eq(last, &run))
+            if pieces.last().is_some_and(|last| !last.same_rows(&run))
                 && (total >= self.batch_size / 2 || (!self.fill && self.lone_source()))
             {
                 break;
@@ -794,32 +809,31 @@ impl MergeReader {
 /// Average rows per piece from which [`assemble`] concatenates instead of interleaving.
 const LONG_PIECE: usize = 32;
 
-/// A range of rows of a run: (run, start, len).
-type Piece = (Arc<Run>, usize, usize);
-
-/// One batch of the pieces' rows: a zero-copy slice for one piece, a copy for several.
+/// One batch of the rows of `pieces` (ranges of shared rows, in order): a zero-copy slice
+/// when they are one range (adjacent ranges of the same rows join), a copy for several.
 ///
 /// Long pieces are concatenated (a slice per piece per column); short ones, as a base read
-/// through dense deltas alternates, are gathered with one `interleave` per column, whose cost
-/// follows the rows instead of the pieces.
-fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
-    let rows: usize = pieces.iter().map(|(_, _, len)| len).sum();
+/// through dense deltas alternates, are gathered with one `interleave` per column from the
+/// shared rows they are ranges of (each rows once), whose cost follows the rows instead of
+/// the pieces.
+pub(crate) fn assemble(pieces: &[Run]) -> Result<Option<KeyedBatch>> {
+    let rows: usize = pieces.iter().map(Run::len).sum();
     match pieces {
         [] => Ok(None),
-        [(run, start, len)] => Ok(Some(run.data_of(*start, *len))),
+        [one] => Ok(Some(one.data_of(0, one.len()))),
+        [first, rest @ ..] if contiguous(first, rest) => {
+            let (shared, start) = first.rows();
+            Ok(Some(shared.data.slice(start, rows)))
+        }
         _ if rows >= pieces.len() * LONG_PIECE => {
-            let slices: Vec<KeyedBatch> = pieces
-                .iter()
-                .map(|(run, start, len)| run.data_of(*start, *len))
-                .collect();
+            let slices: Vec<KeyedBatch> = pieces.iter().map(|p| p.data_of(0, p.len())).collect();
             KeyedBatch::concat(&slices).map(Some)
         }
         _ => {
-            // Gathered from the shared rows the runs are ranges of, each rows once.
             let mut sources: Vec<&Arc<Rows>> = Vec::new();
             let mut indices = Vec::with_capacity(rows);
-            for (run, start, len) in pieces {
-                let (shared, offset) = run.rows();
+            for piece in pieces {
+                let (shared, offset) = piece.rows();
                 let source = match sources.iter().position(|r| Arc::ptr_eq(r, shared)) {
                     Some(i) => i,
                     None => {
@@ -827,8 +841,7 @@ fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
                         sources.len() - 1
                     }
                 };
-                let from = offset + start;
-                indices.extend((from..from + len).map(|row| (source, row)));
+                indices.extend((offset..offset + piece.len()).map(|row| (source, row)));
             }
             let batches: Vec<&RecordBatch> = sources.iter().map(|r| &r.data.batch).collect();
             let batch = arrow_select::interleave::interleave_record_batch(&batches, &indices)?;
@@ -842,25 +855,27 @@ fn assemble(pieces: &[Piece]) -> Result<Option<KeyedBatch>> {
     }
 }
 
+/// Whether `rest` continues `first` range after range in the same shared rows.
+fn contiguous(first: &Run, rest: &[Run]) -> bool {
+    let mut end = first.start + first.len;
+    rest.iter().all(|piece| {
+        let follows = piece.same_rows(first) && piece.start == end;
+        end += piece.len;
+        follows
+    })
+}
+
 /// Appends the rows of `run[start..end]` to `pieces` as ranges, tombstones only if `keep`
 /// is set; returns their count.
-fn push_rows(
-    pieces: &mut Vec<Piece>,
-    run: &Arc<Run>,
-    start: usize,
-    end: usize,
-    keep: bool,
-) -> usize {
+fn push_rows(pieces: &mut Vec<Run>, run: &Arc<Run>, start: usize, end: usize, keep: bool) -> usize {
     let mut pushed = 0;
     let mut push = |from: usize, to: usize| {
         if to > from {
             match pieces.last_mut() {
-                Some((last, last_start, last_len))
-                    if Arc::ptr_eq(last, run) && *last_start + *last_len == from =>
-                {
-                    *last_len += to - from;
+                Some(last) if last.same_rows(run) && last.start + last.len == run.start + from => {
+                    last.len += to - from;
                 }
-                _ => pieces.push((run.clone(), from, to - from)),
+                _ => pieces.push(run.slice(from, to - from)),
             }
             pushed += to - from;
         }

@@ -46,7 +46,7 @@ use arrow_schema::DataType;
 use crate::error::Result;
 use crate::key::PrimaryKey;
 use crate::merge::loser_tree::Entry;
-use crate::store::KeyedBatch;
+use crate::store::run::Run;
 
 mod primitive;
 mod row;
@@ -106,23 +106,23 @@ pub(crate) trait Cursor: Sized + Send + 'static {
     /// What is needed to open a cursor on a batch.
     type Config: Clone + Send + 'static;
 
-    /// A cursor on row 0 of `batch` (not empty).
-    fn open(config: &Self::Config, batch: &KeyedBatch) -> Result<Self>;
+    /// A cursor on row 0 of `run` (not empty).
+    fn open(config: &Self::Config, run: &Run) -> Result<Self>;
 
-    /// Tells the merge's `config` about `batch`, the next batch of some input (checked to be
-    /// in key order, not empty), before a cursor is opened on it. True when the entries of
+    /// Tells the merge's `config` about `run`, the next rows of some input (checked to be in
+    /// key order, not empty), before a cursor is opened on them. True when the entries of
     /// cursors opened before are now stale: the merge then [refreshes](Cursor::refresh) every
     /// cursor and rebuilds the tree. (The row cursor narrows the bytes its prefixes skip.)
-    fn admit(_config: &mut Self::Config, _batch: &KeyedBatch) -> bool {
+    fn admit(_config: &mut Self::Config, _run: &Run) -> bool {
         false
     }
 
     /// Brings a cursor opened before the last [`Cursor::admit`] up to date with `config`.
     fn refresh(&mut self, _config: &Self::Config) {}
 
-    /// The first row of `batch` whose key is not strictly above the one before it, judged
-    /// the way this cursor compares (the input's order check, once per batch).
-    fn first_unordered(config: &Self::Config, batch: &KeyedBatch) -> Option<usize>;
+    /// The first row of `run` whose key is not strictly above the one before it, judged the
+    /// way this cursor compares (the input's order check, once per run).
+    fn first_unordered(config: &Self::Config, run: &Run) -> Option<usize>;
 
     /// The head row.
     fn row(&self) -> usize;

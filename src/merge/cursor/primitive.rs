@@ -9,8 +9,8 @@ use arrow_buffer::ScalarBuffer;
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::{Error, Result};
-use crate::key::first_unordered;
-use crate::store::KeyedBatch;
+use crate::key::first_unordered_in;
+use crate::store::run::Run;
 
 /// Where a [`PrimitiveCursor`] finds its values.
 #[derive(Debug, Clone)]
@@ -78,17 +78,17 @@ where
 {
     type Config = PrimitiveConfig;
 
-    fn open(config: &PrimitiveConfig, batch: &KeyedBatch) -> Result<Self> {
-        let column =
-            batch
-                .batch
-                .columns()
-                .get(config.column)
-                .ok_or_else(|| Error::SchemaMismatch {
-                    context: "a merge input".into(),
-                    expected: format!("a key column at index {}", config.column),
-                    found: format!("{} columns", batch.batch.num_columns()),
-                })?;
+    fn open(config: &PrimitiveConfig, run: &Run) -> Result<Self> {
+        let (shared, start) = run.rows();
+        let batch = &shared.data.batch;
+        let column = batch
+            .columns()
+            .get(config.column)
+            .ok_or_else(|| Error::SchemaMismatch {
+                context: "a merge input".into(),
+                expected: format!("a key column at index {}", config.column),
+                found: format!("{} columns", batch.num_columns()),
+            })?;
         let array = column
             .as_primitive_opt::<P>()
             .ok_or_else(|| Error::SchemaMismatch {
@@ -96,17 +96,18 @@ where
                 expected: format!("key column of type {}", P::DATA_TYPE),
                 found: format!("{}", column.data_type()),
             })?;
-        if array.null_count() > 0 {
+        let nulls = (array.nulls()).map_or(0, |n| n.slice(start, run.len()).null_count());
+        if nulls > 0 {
             // The key field is declared non-nullable (or this cursor would not be used): a
             // batch with NULL keys does not match the table.
             return Err(Error::SchemaMismatch {
                 context: "a merge input".into(),
                 expected: "a non-nullable key column".into(),
-                found: format!("{} NULL keys", array.null_count()),
+                found: format!("{nulls} NULL keys"),
             });
         }
         Ok(Self {
-            values: array.values().clone(),
+            values: array.values().slice(start, run.len()),
             flip: if config.descending { u64::MAX } else { 0 },
             row: 0,
         })
@@ -114,15 +115,16 @@ where
 
     /// On the native values when the key column is as expected (a batch where it is not is
     /// rejected by [`Cursor::open`]; its encoded keys are checked meanwhile).
-    fn first_unordered(config: &PrimitiveConfig, batch: &KeyedBatch) -> Option<usize> {
-        let column = batch.batch.columns().get(config.column);
+    fn first_unordered(config: &PrimitiveConfig, run: &Run) -> Option<usize> {
+        let (shared, start) = run.rows();
+        let column = shared.data.batch.columns().get(config.column);
         let array = column.and_then(|c| c.as_primitive_opt::<P>());
         let Some(array) = array.filter(|a| a.null_count() == 0) else {
-            return first_unordered(&batch.keys);
+            return first_unordered_in(&shared.data.keys, start, run.len());
         };
         let flip = if config.descending { u64::MAX } else { 0 };
         let bits = |v: P::Native| v.order_bits() ^ flip;
-        (array.values().windows(2))
+        (array.values()[start..start + run.len()].windows(2))
             .position(|w| bits(w[0]) >= bits(w[1]))
             .map(|i| i + 1)
     }

@@ -4,8 +4,8 @@ use arrow_array::{Array, BinaryArray};
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::Result;
-use crate::key::first_unordered;
-use crate::store::KeyedBatch;
+use crate::key::first_unordered_in;
+use crate::store::run::Run;
 
 /// What every row cursor of one merge shares: how many leading bytes all keys have in
 /// common, so that a [`KeyEntry`]'s prefix holds the 8 bytes after them.
@@ -28,8 +28,7 @@ pub(crate) struct RowConfig {
 impl RowConfig {
     /// Narrows `skip` to the bytes `batch`'s keys (in key order, not empty) share with every
     /// key admitted before. True when `skip` shrank after the first batch.
-    pub(super) fn admit(&mut self, keys: &BinaryArray) -> bool {
-        let (first, last) = (keys.value(0), keys.value(keys.len() - 1));
+    pub(super) fn admit(&mut self, first: &[u8], last: &[u8]) -> bool {
         let shared = common_prefix(first, last);
         if !self.started {
             self.started = true;
@@ -116,24 +115,29 @@ impl RowCursor {
 impl Cursor for RowCursor {
     type Config = RowConfig;
 
-    fn open(config: &RowConfig, batch: &KeyedBatch) -> Result<Self> {
+    fn open(config: &RowConfig, run: &Run) -> Result<Self> {
+        let (shared, start) = run.rows();
         Ok(Self {
-            keys: batch.keys.clone(),
+            keys: shared.data.keys.slice(start, run.len()),
             row: 0,
             skip: config.skip,
         })
     }
 
-    fn admit(config: &mut RowConfig, batch: &KeyedBatch) -> bool {
-        config.admit(&batch.keys)
+    fn admit(config: &mut RowConfig, run: &Run) -> bool {
+        match (run.first_key(), run.last_key()) {
+            (Some(first), Some(last)) => config.admit(first, last),
+            _ => false,
+        }
     }
 
     fn refresh(&mut self, config: &RowConfig) {
         self.skip = config.skip;
     }
 
-    fn first_unordered(_: &RowConfig, batch: &KeyedBatch) -> Option<usize> {
-        first_unordered(&batch.keys)
+    fn first_unordered(_: &RowConfig, run: &Run) -> Option<usize> {
+        let (shared, start) = run.rows();
+        first_unordered_in(&shared.data.keys, start, run.len())
     }
 
     fn row(&self) -> usize {

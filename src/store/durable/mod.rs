@@ -66,7 +66,7 @@ use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_n
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
 use super::run::{MergeReader, Run, RunList, build_pending_sliced_runs};
-use super::{KeyedBatch, SnapshotScan, StateStore, StateTable, check_seal, check_write};
+use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
@@ -1497,5 +1497,10 @@ pub struct DurableScan {
 impl SnapshotScan for DurableScan {
     fn next_batch(&mut self) -> Result<Option<KeyedBatch>> {
         self.reader.next_batch()
+    }
+
+    /// A range of the rows the run was read into when the batch is one (no arrays sliced).
+    fn next_rows(&mut self) -> Result<Option<ScanRows>> {
+        Ok(self.reader.next_run()?.map(ScanRows))
     }
 }
