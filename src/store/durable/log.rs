@@ -3,9 +3,9 @@
 //! Rewriting the whole manifest at every checkpoint costs what the store holds (every
 //! vnode's runs), not what the checkpoint changed: with 32768 vnodes that is megabytes of
 //! JSON per barrier. Instead a commit appends a small checksummed *record* of its changes to
-//! the current log file; the manifest is rewritten only when the log has grown past the
-//! manifest's own size (so the rewrites cost, amortized, a constant factor of the log), on
-//! table creation, and at the first commit after an open.
+//! the current log file; the manifest is rewritten only when the log has grown past a few
+//! times the manifest's own size (`LOG_GROWTH`; so the rewrites cost, amortized, a constant
+//! factor of the log), on table creation, and at the first commit after an open.
 //!
 //! ```text
 //!   LOG-<generation, 20 digits>:
