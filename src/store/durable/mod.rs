@@ -965,17 +965,21 @@ impl StateStore for DurableStore {
         //    later epochs meanwhile). Each memory run becomes a disk run in place.
         let mut committed_layers: Vec<(String, Vec<(u64, CommittedLayer)>)> = Vec::new();
         for (name, desc, table_layers) in layers {
+            // Each layer's vnodes in order, sorted once.
+            let sorted: Vec<(u64, Vec<(&VirtualNode, &VnodeLayer)>)> = (table_layers.iter())
+                .map(|(e, layer)| {
+                    let mut vnodes: Vec<_> = layer.iter().collect();
+                    vnodes.sort_unstable_by_key(|(vnode, _)| **vnode);
+                    (*e, vnodes)
+                })
+                .collect();
             let mut memory: Vec<(VirtualNode, &Run)> = Vec::new();
-            for (_, layer) in &table_layers {
-                let mut vnodes: Vec<&VirtualNode> = layer.keys().collect();
-                vnodes.sort_unstable();
-                for vnode in vnodes {
-                    for run in &layer[vnode].runs {
-                        if let LayerRun::Memory(run, _) = run
-                            && run.len() > 0
-                        {
-                            memory.push((*vnode, run));
-                        }
+            for (vnode, layer) in sorted.iter().flat_map(|(_, vnodes)| vnodes) {
+                for run in &layer.runs {
+                    if let LayerRun::Memory(run, _) = run
+                        && run.len() > 0
+                    {
+                        memory.push((**vnode, run));
                     }
                 }
             }
@@ -993,14 +997,12 @@ impl StateStore for DurableStore {
                     .collect::<Vec<_>>()
                     .into_iter()
             };
-            let mut out = Vec::with_capacity(table_layers.len());
-            for (e, layer) in &table_layers {
-                let mut vnodes: Vec<&VirtualNode> = layer.keys().collect();
-                vnodes.sort_unstable();
+            let mut out = Vec::with_capacity(sorted.len());
+            for (e, vnodes) in &sorted {
                 let mut per_vnode = Vec::with_capacity(vnodes.len());
-                for vnode in vnodes {
-                    let mut runs = Vec::new();
-                    for run in &layer[vnode].runs {
+                for (vnode, layer) in vnodes {
+                    let mut runs = Vec::with_capacity(layer.runs.len());
+                    for run in &layer.runs {
                         match run {
                             LayerRun::Disk(d) => runs.push(d.clone()),
                             LayerRun::Memory(r, _) if r.len() > 0 => {
@@ -1012,7 +1014,7 @@ impl StateStore for DurableStore {
                             LayerRun::Memory(..) => {}
                         }
                     }
-                    per_vnode.push((*vnode, runs, layer[vnode].ordered));
+                    per_vnode.push((**vnode, runs, layer.ordered));
                 }
                 out.push((*e, per_vnode));
             }
@@ -1029,28 +1031,34 @@ impl StateStore for DurableStore {
             let mut gains = Vec::with_capacity(committed_layers.len());
             for (name, layers) in committed_layers {
                 let current = &state.table(&name)?.vnodes;
-                let mut per_vnode: BTreeMap<VirtualNode, VnodeGain> = BTreeMap::new();
-                for (e, per) in layers {
-                    for (vnode, runs, ordered) in per {
-                        if runs.is_empty() {
-                            continue;
+                // Every layer's vnodes, by vnode then epoch (each layer is in vnode order
+                // and they come oldest first: a stable sort, one pass for a single layer).
+                let mut all: Vec<(u64, VirtualNode, Vec<DiskRun>, bool)> = (layers.into_iter())
+                    .flat_map(|(e, per)| per.into_iter().map(move |(v, r, o)| (e, v, r, o)))
+                    .filter(|(_, _, runs, _)| !runs.is_empty())
+                    .collect();
+                all.sort_by_key(|(_, vnode, _, _)| *vnode);
+                let mut per_vnode: Vec<(VirtualNode, VnodeGain)> = Vec::new();
+                for (e, vnode, runs, ordered) in all {
+                    for run in &runs {
+                        let id = run.file.id();
+                        if !state.files.contains(id) && !keep.iter().any(|f| f.id() == id) {
+                            added.push(FileEntry::new(id, run.file.check()));
+                            keep.push(run.file.clone());
                         }
-                        for run in &runs {
-                            let id = run.file.id();
-                            if !state.files.contains(id) && !keep.iter().any(|f| f.id() == id) {
-                                added.push(FileEntry::new(id, run.file.check()));
-                                keep.push(run.file.clone());
-                            }
-                        }
-                        let gain = per_vnode.entry(vnode).or_insert_with(|| VnodeGain {
-                            runs: Vec::new(),
-                            as_base: ordered && current[vnode.index()].is_empty(),
-                        });
-                        if !gain.runs.is_empty() {
+                    }
+                    let runs = runs.into_iter().map(|run| (e, run));
+                    match per_vnode.last_mut() {
+                        Some((last, gain)) if *last == vnode => {
                             // Runs of two epochs: deltas, oldest first.
                             gain.as_base = false;
+                            gain.runs.extend(runs);
                         }
-                        gain.runs.extend(runs.into_iter().map(|run| (e, run)));
+                        _ => {
+                            let as_base = ordered && current[vnode.index()].is_empty();
+                            let runs = runs.collect();
+                            per_vnode.push((vnode, VnodeGain { runs, as_base }));
+                        }
                     }
                 }
                 if !per_vnode.is_empty() {
@@ -1211,8 +1219,11 @@ impl DurableTable {
         let built = build_pending_sliced_runs(&self.desc, &self.pending)?;
         self.pending.clear();
         self.pending_bytes = 0;
-        for (vnode, run) in &built.0 {
-            self.note_order(*vnode, run);
+        // Order only matters to a commit (a replicated handle's layers are never committed).
+        if !self.replicated {
+            for (vnode, run) in &built.0 {
+                self.note_order(*vnode, run);
+            }
         }
         Ok(built)
     }
