@@ -148,6 +148,10 @@ impl<S: SnapshotScan> MergeInput<S> {
                 Some(unread) => Some(unread),
                 None => self.scan_next()?,
             };
+            // Seen even when a patch deletes every row.
+            if let (None, Some(run)) = (&schema, &next) {
+                *schema = Some(run.rows().0.data.batch.schema());
+            }
             let end = next.is_none();
             self.ready.extend(self.patches.apply(next)?);
             if end && self.ready.is_empty() {

@@ -11,15 +11,16 @@
 //!
 //! ```text
 //!   scan:   [2 5 8] [11 14]            patch: 5 (new value), 9, 14 (tombstone), 20
-//!   input:  [2 5' 8] [9 11] [20]       (rows of the patch up to a batch's last key go into
-//!                                       that batch; what is left after the scan's end last)
+//!   input:  [2] [5'] [8] [9] [11] [20] (rows of the patch up to a batch's last key go into
+//!                                       that batch; what is left after the scan's end last;
+//!                                       each piece a range of the rows it is in: no copy)
 //! ```
 //!
 //! A patch holds, per key, the newest change: an upsert (Insert or U+) or a tombstone
 //! (Delete or U-), as a store applies an epoch's changes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
@@ -38,51 +39,24 @@ use crate::vnode::VirtualNode;
 #[derive(Debug, Clone)]
 pub struct Patch {
     /// The changes, tombstones flagged: a range of rows shared with the other vnodes'
-    /// patches of a barrier (no arrays of its own).
+    /// patches of a barrier (no arrays of its own), their memory counted in the barrier's
+    /// ledger while any range of them is held (a patch's, or rows a patch gave a scan).
     rows: Run,
-    /// The buffers the rows are a range of (a barrier's changes of every vnode, shared).
-    origin: Arc<Origin>,
 }
 
-/// The memory of patches, counted once per buffer while any patch holds a slice of it.
+/// The memory of patches, counted once per buffer while any patch, or any rows a patch
+/// gave a scan, holds a range of it.
 pub type PatchLedger = Arc<AtomicUsize>;
-
-/// Buffers patches are slices of, counted in a [`PatchLedger`] until the last is dropped.
-#[derive(Debug)]
-struct Origin {
-    bytes: usize,
-    ledger: PatchLedger,
-}
-
-impl Origin {
-    fn new(bytes: usize, ledger: &PatchLedger) -> Arc<Self> {
-        ledger.fetch_add(bytes, Ordering::Relaxed);
-        Arc::new(Self {
-            bytes,
-            ledger: ledger.clone(),
-        })
-    }
-}
-
-impl Drop for Origin {
-    fn drop(&mut self) {
-        self.ledger.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
 
 impl Patch {
     /// A patch of `rows` (keys strictly increasing), `deleted` marking tombstones.
     pub fn new(rows: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Self> {
-        let bytes = memory(&rows);
         // A key and a tombstone flag per row, checked by the run.
         let rows = Run::new(rows, deleted)?;
         if let Some(row) = first_unordered(&rows.rows().0.data.keys) {
             return Err(internal!("patch keys do not increase at row {row}"));
         }
-        Ok(Self {
-            rows,
-            origin: Origin::new(bytes, &PatchLedger::default()),
-        })
+        Ok(Self { rows })
     }
 
     /// The changes of `chunks` (in order: the newest change of a key wins) per vnode, their
@@ -105,18 +79,10 @@ impl Patch {
             vnodes.extend(desc.vnodes_of(batch)?);
         }
         // One copy of the rows, sorted by vnode and key; each vnode's patch is a range.
-        let (runs, row_bytes) = build_sliced_runs(desc, &batches, &ops, &vnodes)?;
-        let rows: usize = runs.iter().map(|(_, run)| run.len()).sum();
-        let origin = Origin::new(rows * row_bytes, ledger);
+        let (runs, _) = build_sliced_runs(desc, &batches, &ops, &vnodes, Some(ledger))?;
         Ok(runs
             .into_iter()
-            .map(|(vnode, run)| {
-                let patch = Patch {
-                    rows: run,
-                    origin: origin.clone(),
-                };
-                (vnode, patch)
-            })
+            .map(|(vnode, rows)| (vnode, Patch { rows }))
             .collect())
     }
 
@@ -138,7 +104,6 @@ impl Patch {
     fn tail(&self, from: usize) -> Self {
         Self {
             rows: self.rows.slice(from, self.len() - from),
-            origin: self.origin.clone(),
         }
     }
 
@@ -166,10 +131,10 @@ impl Patch {
                 // get their own bytes too (gathered views point into every source's buffers,
                 // which would stay alive, uncounted).
                 rows.batch = gc_views(rows.batch)?;
-                let origin = Origin::new(memory(&rows), &patches[0].origin.ledger);
+                let counter = patches[0].rows.rows().0.counter();
+                let rows = Rows::counted(rows, deleted, counter)?;
                 Ok(Patch {
-                    rows: Run::new(rows, deleted)?,
-                    origin,
+                    rows: Run::whole(rows),
                 })
             }
         }
@@ -343,11 +308,6 @@ fn merge_sorted(sources: &[Sorted<'_>]) -> Vec<(usize, usize, bool)> {
     }
 }
 
-/// The memory of a batch's buffers.
-fn memory(rows: &KeyedBatch) -> usize {
-    rows.batch.get_array_memory_size() + rows.keys.get_array_memory_size()
-}
-
 /// The rows `(source, row)` of `sources` (one schema), with their keys.
 fn gather(sources: &[&KeyedBatch], indices: &[(usize, usize)]) -> Result<KeyedBatch> {
     let batches: Vec<_> = sources.iter().map(|s| &s.batch).collect();
@@ -506,36 +466,50 @@ mod tests {
         }
     }
 
-    /// A buffer is counted once however many patches hold slices of it, until the last is
-    /// dropped; a merge counts its own copy.
+    /// A barrier's changes are counted once however many patches hold ranges of them,
+    /// until the last patch, and the last rows a patch gave a scan, are dropped; a merge
+    /// counts its own copy.
     #[test]
     fn the_ledger_counts_each_buffer_once_while_held() {
+        use std::sync::atomic::Ordering;
+        let pk = int_key(false);
+        let desc = TableDesc::new(
+            "t",
+            int_rows_with_ids(&pk, &[], 0).batch.schema(),
+            vec![crate::key::KeyColumn::asc("k")],
+        )
+        .unwrap()
+        .with_vnode_count(crate::vnode::VnodeCount::new(1).unwrap());
         let ledger = PatchLedger::default();
-        let rows = int_rows_with_ids(&int_key(false), &[1, 2, 3, 4], 0);
-        let bytes = memory(&rows);
-        let origin = Origin::new(bytes, &ledger);
-        let shared = Run::new(rows.clone(), None).unwrap();
-        let patch = |from: usize, len: usize| Patch {
-            rows: shared.slice(from, len),
-            origin: origin.clone(),
-        };
-        let (a, b) = (patch(0, 2), patch(2, 2));
-        drop(origin);
-        assert_eq!(ledger.load(Ordering::Relaxed), bytes);
-        let tail = a.tail(1);
-        drop(a);
-        assert_eq!(
-            ledger.load(Ordering::Relaxed),
-            bytes,
-            "a slice still holds it"
-        );
-        let merged = Patch::merged(&[&tail, &b]).unwrap();
-        let copy = memory(&merged.rows.data());
-        assert_eq!(ledger.load(Ordering::Relaxed), bytes + copy);
-        drop((tail, b));
-        assert_eq!(ledger.load(Ordering::Relaxed), copy);
-        drop(merged);
-        assert_eq!(ledger.load(Ordering::Relaxed), 0);
+        let held = || ledger.load(Ordering::Relaxed);
+        let chunk = |keys: &[i64], id| StreamChunk::inserts(int_rows_with_ids(&pk, keys, id).batch);
+        let mut older = Patch::by_vnode(&desc, &[chunk(&[2, 4, 6], 100)], &ledger).unwrap();
+        let one = held();
+        assert!(one > 0);
+        let mut newer = Patch::by_vnode(&desc, &[chunk(&[5, 7], 200)], &ledger).unwrap();
+        let two = held();
+        assert!(two > one);
+        let (older, newer) = (older.remove(0).1, newer.remove(0).1);
+        // Held by a tail, then by the rows a scan was given: still counted.
+        let tail = older.tail(1);
+        drop(older);
+        assert_eq!(held(), two, "a range still holds it");
+        let mut patches = Patches::default();
+        patches.push(tail).unwrap();
+        let scanned = Run::new(int_rows_with_ids(&pk, &[1, 3], 0), None).unwrap();
+        let given = patches.apply(Some(scanned)).unwrap();
+        assert_eq!(held(), two);
+        let rest = patches.apply(None).unwrap();
+        assert!(patches.is_empty());
+        drop(given);
+        assert_eq!(held(), two, "the patch's last rows are in the scan's hands");
+        drop(rest);
+        assert_eq!(held(), two - one, "the older barrier's changes are freed");
+        // A merge counts its copy where its sources were counted.
+        let merged = Patch::merged(&[&newer.tail(0), &newer]).unwrap();
+        assert!(held() > two - one);
+        drop((newer, merged));
+        assert_eq!(held(), 0);
     }
 
     #[test]

@@ -8,15 +8,16 @@
 //!
 //! Each [`RoundRobin::next_output`](SnapshotMerger::next_output) takes one batch from the
 //! next input that is not exhausted, in turn, and hands it out as is: no comparison, no copy
-//! (the batch and its keys are the scan's own). Rows are in key order within a vnode, not
+//! (a slice of the rows the scan read). Rows are in key order within a vnode, not
 //! across vnodes. After handing out a batch, the input fetches its next one ahead, so a
 //! vnode whose last rows leave is reported exhausted in the same output, like the k-way
 //! merge does: the vnode completes at once and is not scanned again at the next epoch. An
 //! empty input is reported when its turn comes. Key order within each input is checked.
 //!
 //! With [`RoundRobin::with_output_rows`] (what the executor uses), an output gathers whole
-//! batches of the following inputs in turn, concatenated (a copy, unless one batch fills
-//! it), while they fit in that many rows, each input at most once per output (taking its
+//! batches of the following inputs in turn (one slice when they follow each other in the
+//! rows they share, as successive vnodes packed into one block do; else a copy), while they
+//! fit in that many rows, each input at most once per output (taking its
 //! successive batches in that one turn while they fit: a vnode stored as a chain of short
 //! runs is read whole, not over several rounds holding its blocks) and at most
 //! [`MAX_GATHERED_INPUTS`] inputs: with many small vnodes (32768 vnodes of a few dozen rows

@@ -9,6 +9,7 @@
 //! key. With no delta it hands out zero-copy slices of the base.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{
@@ -35,11 +36,40 @@ pub(crate) const SEGMENT_ROWS: usize = 8192;
 pub(crate) struct Rows {
     pub data: KeyedBatch,
     pub deleted: Option<BooleanBuffer>,
+    /// Where the rows' memory is counted while any range of them is held, if anywhere.
+    counted: Option<Counted>,
+}
+
+/// A shared counter of bytes (the memory some kind of rows holds).
+pub(crate) type MemoryCounter = Arc<AtomicUsize>;
+
+/// Bytes counted in a [`MemoryCounter`] from when this is made until it is dropped.
+#[derive(Debug)]
+struct Counted {
+    bytes: usize,
+    counter: MemoryCounter,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl Rows {
     /// Rows with their tombstones; `deleted`, when given, has one flag per row.
     pub fn new(data: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Arc<Self>> {
+        Self::counted(data, deleted, None)
+    }
+
+    /// [`Rows::new`], their memory (the arrays' buffers) counted in `counter` until the
+    /// last range of them is dropped: a barrier's changes stay counted while any vnode's
+    /// patch, or any rows a patch gave a scan, holds them.
+    pub fn counted(
+        data: KeyedBatch,
+        deleted: Option<BooleanBuffer>,
+        counter: Option<&MemoryCounter>,
+    ) -> Result<Arc<Self>> {
         if data.keys.len() != data.num_rows() {
             return Err(internal!(
                 "{} rows with {} keys",
@@ -56,7 +86,24 @@ impl Rows {
                 d.len()
             ));
         }
-        Ok(Arc::new(Self { data, deleted }))
+        let counted = counter.map(|counter| {
+            let bytes = data.batch.get_array_memory_size() + data.keys.get_array_memory_size();
+            counter.fetch_add(bytes, Ordering::Relaxed);
+            Counted {
+                bytes,
+                counter: counter.clone(),
+            }
+        });
+        Ok(Arc::new(Self {
+            data,
+            deleted,
+            counted,
+        }))
+    }
+
+    /// The counter the rows' memory is counted in, if any.
+    pub fn counter(&self) -> Option<&MemoryCounter> {
+        self.counted.as_ref().map(|c| &c.counter)
     }
 
     pub fn len(&self) -> usize {
@@ -369,6 +416,7 @@ pub(crate) fn build_sliced_runs(
     batches: &[&RecordBatch],
     ops: &[Op],
     vnodes: &[VirtualNode],
+    counter: Option<&MemoryCounter>,
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
     let keys = desc.pk().encode_all(batches)?;
     if keys.len() != vnodes.len() || ops.len() != vnodes.len() {
@@ -424,7 +472,7 @@ pub(crate) fn build_sliced_runs(
     let all = gather_keyed(batches, &keys, take)?;
     let bytes = all.batch.get_array_memory_size() + all.keys.get_array_memory_size();
     let per_row = bytes.div_ceil(total.max(1));
-    let all = Rows::new(all, deleted)?;
+    let all = Rows::counted(all, deleted, counter)?;
     let runs = ranges
         .into_iter()
         .map(|(vnode, start, len)| Ok((vnode, Run::range(&all, start, len)?)))
@@ -547,7 +595,7 @@ pub(crate) fn build_pending_sliced_runs(
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
     match pending {
         [] => Ok((Vec::new(), 0)),
-        [(chunk, vnodes)] => build_sliced_runs(desc, &[chunk.batch()], chunk.ops(), vnodes),
+        [(chunk, vnodes)] => build_sliced_runs(desc, &[chunk.batch()], chunk.ops(), vnodes, None),
         _ => {
             let batches: Vec<&RecordBatch> = pending.iter().map(|(c, _)| c.batch()).collect();
             let ops: Vec<Op> = (pending.iter())
@@ -556,7 +604,7 @@ pub(crate) fn build_pending_sliced_runs(
             let vnodes: Vec<VirtualNode> = (pending.iter())
                 .flat_map(|(_, v)| v.iter().copied())
                 .collect();
-            build_sliced_runs(desc, &batches, &ops, &vnodes)
+            build_sliced_runs(desc, &batches, &ops, &vnodes, None)
         }
     }
 }
@@ -1210,7 +1258,8 @@ mod tests {
                     assert_eq!(bits(g), bits(w), "vnode {gv}");
                 }
             };
-            let (got, per_row) = build_sliced_runs(&desc, &[&batch], &ops, &vnode_of).unwrap();
+            let (got, per_row) =
+                build_sliced_runs(&desc, &[&batch], &ops, &vnode_of, None).unwrap();
             assert!(per_row > 0);
             same(&got);
             // The same rows in pieces of uneven sizes, gathered from the pieces.
@@ -1222,11 +1271,11 @@ mod tests {
             ];
             let pieces: Vec<&RecordBatch> = pieces.iter().collect();
             let (split, split_per_row) =
-                build_sliced_runs(&desc, &pieces, &ops, &vnode_of).unwrap();
+                build_sliced_runs(&desc, &pieces, &ops, &vnode_of, None).unwrap();
             assert!(split_per_row > 0);
             same(&split);
             // Rows, ops and vnodes that do not match are an error, not a panic.
-            assert!(build_sliced_runs(&desc, &pieces[..2], &ops, &vnode_of).is_err());
+            assert!(build_sliced_runs(&desc, &pieces[..2], &ops, &vnode_of, None).is_err());
         }
     }
 }

@@ -21,7 +21,8 @@
 //! The manifest is not rewritten at every commit: commits append what they changed to
 //! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest
 //! with that log's valid records applied ([`Manifest::apply`]). When the manifest is
-//! rewritten (the log outgrew it, a table was created, the first commit after an open), the
+//! rewritten (the log outgrew a few times its size, a table was created, the first commit
+//! after an open), the
 //! new one, of the next generation, is written to `MANIFEST.tmp`, fsynced, renamed over
 //! `MANIFEST`, and the directory fsynced: the switch is atomic, and a crash at any point
 //! leaves either the old manifest with its log or the new one.

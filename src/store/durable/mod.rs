@@ -7,9 +7,10 @@
 //!  store.commit(c):  1. layers <= c: memory runs written to one run file per table, fsync
 //!                    2. a record of what changed (epoch c, job values, new files, the runs
 //!                       each touched vnode gains) appended to LOG-<g>, fsync  ◀── commit
-//!                       point; or, once the log would outgrow the manifest, the whole state
-//!                       as MANIFEST.tmp (generation g + 1), fsync, rename over MANIFEST,
-//!                       fsync the directory  ◀── commit point; then a fresh LOG-<g + 1>
+//!                       point; or, once the log would outgrow LOG_GROWTH manifests, the
+//!                       whole state as MANIFEST.tmp (generation g + 1), fsync, rename
+//!                       over MANIFEST, fsync the directory  ◀── commit point; then a
+//!                       fresh LOG-<g + 1>
 //!                    3. the layers become committed delta runs (an epoch's runs over
 //!                       an empty vnode, inserts in key order without overlap, become its
 //!                       base as they are: an ordered bulk load is never compacted);
@@ -817,8 +818,8 @@ impl Shared {
     }
 
     /// Makes `record` (changes to the committed state) durable: appended to the log, or
-    /// folded into a new manifest when the log would outgrow the manifest. Called under the
-    /// manifest lock, before the state changes in memory. On failure the store is marked
+    /// folded into a new manifest when the log would outgrow [`LOG_GROWTH`] manifests. Called
+    /// under the manifest lock, before the state changes in memory. On failure the store is marked
     /// failed and `keep` (files the record names) stay on disk: the record may have become
     /// durable anyway (reopening removes them if it did not).
     fn persist(&self, record: &LogRecord, keep: &[Arc<RunFile>]) -> Result<()> {
