@@ -367,15 +367,17 @@ pub(crate) fn canonical_float_columns(columns: &[ArrayRef]) -> Vec<ArrayRef> {
     columns.iter().map(canonical_floats).collect()
 }
 
-/// The first row `i` whose key is not strictly greater than the key before it, if any.
-///
-/// A cheap runtime check on every snapshot batch: storage order and comparator order must
-/// agree, or the backfill would silently skip or duplicate rows.
+/// [`first_unordered_in`] of all of `keys`.
+#[cfg(test)]
 pub(crate) fn first_unordered(keys: &BinaryArray) -> Option<usize> {
     first_unordered_in(keys, 0, keys.len())
 }
 
-/// [`first_unordered`] of the keys `start..start + len` of `keys`, as a row of that range.
+/// The first row `i` of the keys `start..start + len` of `keys` whose key is not strictly
+/// greater than the key before it, if any, as a row of that range.
+///
+/// A cheap runtime check on every snapshot batch: storage order and comparator order must
+/// agree, or the backfill would silently skip or duplicate rows.
 pub(crate) fn first_unordered_in(keys: &BinaryArray, start: usize, len: usize) -> Option<usize> {
     (start + 1..start + len)
         .find(|&i| keys.value(i - 1) >= keys.value(i))

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
-use crate::key::{Position, first_unordered_in};
+use crate::key::Position;
 use crate::merge::patch::{Patch, Patches};
 use crate::store::SnapshotScan;
 use crate::store::run::Run;
@@ -117,14 +117,11 @@ impl<S: SnapshotScan> MergeInput<S> {
     /// every later call). Records the schema of any rows seen, empty ones included, in
     /// `schema` if that is still unset.
     pub fn next_run(&mut self, table: &str, schema: &mut Option<SchemaRef>) -> Result<Option<Run>> {
-        self.next_run_with(table, schema, |run| {
-            let (shared, start) = run.rows();
-            first_unordered_in(&shared.data.keys, start, run.len())
-        })
+        self.next_run_with(table, schema, Run::first_unordered)
     }
 
     /// Like [`MergeInput::next_run`], with `unordered` finding the first row of a run whose
-    /// key does not strictly increase (`key::first_unordered_in` on the encoded keys, or an
+    /// key does not strictly increase ([`Run::first_unordered`] on the encoded keys, or an
     /// equivalent check on native key values that is cheaper than a `memcmp` per row). The
     /// order across runs is always checked on the encoded keys.
     pub fn next_run_with(

@@ -29,7 +29,6 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
-use crate::key::first_unordered;
 use crate::store::run::{Rows, Run, build_sliced_runs, newest_tier, partition_point};
 use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
@@ -53,7 +52,7 @@ impl Patch {
     pub fn new(rows: KeyedBatch, deleted: Option<BooleanBuffer>) -> Result<Self> {
         // A key and a tombstone flag per row, checked by the run.
         let rows = Run::new(rows, deleted)?;
-        if let Some(row) = first_unordered(&rows.rows().0.data.keys) {
+        if let Some(row) = rows.first_unordered() {
             return Err(internal!("patch keys do not increase at row {row}"));
         }
         Ok(Self { rows })
@@ -327,6 +326,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::key::first_unordered;
     use crate::merge::testing::{int_key, int_rows_with_ids};
     use crate::store::run::Rows as SharedRows;
 

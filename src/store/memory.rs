@@ -362,13 +362,13 @@ impl StateTable for MemoryTable {
         inner.check_read_epoch(self.desc.name(), epoch)?;
         for run in self.visible_deltas(&inner, vnode, epoch)?.iter().rev() {
             if let Some(row) = run.find(key) {
-                return Ok((!run.is_deleted(row)).then(|| run.batch().slice(row, 1)));
+                return Ok((!run.is_deleted(row)).then(|| run.row(row)));
             }
         }
         let table = inner.table(self.desc.name())?;
         for segment in &table.base[vnode.index()] {
             if segment.last_key().is_some_and(|last| last >= key) {
-                return Ok(segment.find(key).map(|row| segment.batch().slice(row, 1)));
+                return Ok(segment.find(key).map(|row| segment.row(row)));
             }
         }
         Ok(None)

@@ -256,14 +256,29 @@ impl Run {
         self.deleted().is_some_and(|d| d.count_set_bits() > 0)
     }
 
-    /// This run and `next` as one, if `next` continues it in the same rows (its range starts
-    /// where this one ends).
-    pub fn joined(&self, next: &Run) -> Option<Run> {
-        (Arc::ptr_eq(&self.rows, &next.rows) && self.start + self.len == next.start).then(|| Run {
-            rows: self.rows.clone(),
-            start: self.start,
-            len: self.len + next.len,
-        })
+    /// Whether `next` continues this run in the same rows (its range starts where this one
+    /// ends).
+    pub fn continued_by(&self, next: &Run) -> bool {
+        self.same_rows(next) && self.start + self.len == next.start
+    }
+
+    /// The first row whose key is not strictly above the key before it, if any.
+    pub fn first_unordered(&self) -> Option<usize> {
+        crate::key::first_unordered_in(&self.rows.data.keys, self.start, self.len)
+    }
+
+    /// Row `i` as a one-row record batch (zero-copy).
+    pub fn row(&self, i: usize) -> RecordBatch {
+        debug_assert!(i < self.len);
+        self.rows.data.batch.slice(self.start + i, 1)
+    }
+}
+
+/// Appends `piece` to `pieces`, as part of the last one if it continues it in the same rows.
+pub(crate) fn push_joined(pieces: &mut Vec<Run>, piece: Run) {
+    match pieces.last_mut() {
+        Some(last) if last.continued_by(&piece) => last.len += piece.len,
+        _ => pieces.push(piece),
     }
 }
 
@@ -869,7 +884,7 @@ pub(crate) fn assemble(pieces: &[Run]) -> Result<Option<KeyedBatch>> {
     match pieces {
         [] => Ok(None),
         [one] => Ok(Some(one.data_of(0, one.len()))),
-        [first, rest @ ..] if contiguous(first, rest) => {
+        [first, ..] if pieces.windows(2).all(|w| w[0].continued_by(&w[1])) => {
             let (shared, start) = first.rows();
             Ok(Some(shared.data.slice(start, rows)))
         }
@@ -903,28 +918,13 @@ pub(crate) fn assemble(pieces: &[Run]) -> Result<Option<KeyedBatch>> {
     }
 }
 
-/// Whether `rest` continues `first` range after range in the same shared rows.
-fn contiguous(first: &Run, rest: &[Run]) -> bool {
-    let mut end = first.start + first.len;
-    rest.iter().all(|piece| {
-        let follows = piece.same_rows(first) && piece.start == end;
-        end += piece.len;
-        follows
-    })
-}
-
 /// Appends the rows of `run[start..end]` to `pieces` as ranges, tombstones only if `keep`
 /// is set; returns their count.
 fn push_rows(pieces: &mut Vec<Run>, run: &Arc<Run>, start: usize, end: usize, keep: bool) -> usize {
     let mut pushed = 0;
     let mut push = |from: usize, to: usize| {
         if to > from {
-            match pieces.last_mut() {
-                Some(last) if last.same_rows(run) && last.start + last.len == run.start + from => {
-                    last.len += to - from;
-                }
-                _ => pieces.push(run.slice(from, to - from)),
-            }
+            push_joined(pieces, run.slice(from, to - from));
             pushed += to - from;
         }
     };

@@ -9,7 +9,6 @@ use arrow_buffer::ScalarBuffer;
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::{Error, Result};
-use crate::key::first_unordered_in;
 use crate::store::run::Run;
 
 /// Where a [`PrimitiveCursor`] finds its values.
@@ -120,7 +119,7 @@ where
         let column = shared.data.batch.columns().get(config.column);
         let array = column.and_then(|c| c.as_primitive_opt::<P>());
         let Some(array) = array.filter(|a| a.null_count() == 0) else {
-            return first_unordered_in(&shared.data.keys, start, run.len());
+            return run.first_unordered();
         };
         let flip = if config.descending { u64::MAX } else { 0 };
         let bits = |v: P::Native| v.order_bits() ^ flip;

@@ -4,7 +4,6 @@ use arrow_array::{Array, BinaryArray};
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::Result;
-use crate::key::first_unordered_in;
 use crate::store::run::Run;
 
 /// What every row cursor of one merge shares: how many leading bytes all keys have in
@@ -136,8 +135,7 @@ impl Cursor for RowCursor {
     }
 
     fn first_unordered(_: &RowConfig, run: &Run) -> Option<usize> {
-        let (shared, start) = run.rows();
-        first_unordered_in(&shared.data.keys, start, run.len())
+        run.first_unordered()
     }
 
     fn row(&self) -> usize {

@@ -54,7 +54,7 @@ use super::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
-use crate::store::run::{Rows, Run, RunList, SEGMENT_ROWS, gc_views};
+use crate::store::run::{Rows, Run, RunList, SEGMENT_ROWS, gc_views, push_joined};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -400,13 +400,7 @@ impl RunFileWriter {
         // ranges of one batch sorted by vnode) are written as one slice, not concatenated.
         let mut pieces: Vec<Run> = Vec::new();
         for (_, run) in &pack {
-            if let Some(last) = pieces.last_mut()
-                && let Some(joined) = last.joined(run)
-            {
-                *last = joined;
-            } else {
-                pieces.push(run.clone());
-            }
+            push_joined(&mut pieces, run.clone());
         }
         let batch = match pieces.as_slice() {
             [one] => one.batch(),

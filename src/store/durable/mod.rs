@@ -1485,7 +1485,7 @@ impl StateTable for DurableTable {
         let sources = self.sources(vnode, epoch)?;
         for source in sources.iter().rev() {
             if let Some((run, row)) = find_in(source.as_ref(), key)? {
-                return Ok((!run.is_deleted(row)).then(|| run.batch().slice(row, 1)));
+                return Ok((!run.is_deleted(row)).then(|| run.row(row)));
             }
         }
         Ok(None)
