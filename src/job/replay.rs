@@ -607,12 +607,16 @@ impl<'a, S: StateStore> Job<'a, S> {
         }
         let store = &self.store;
         let name = self.desc.name().to_string();
+        let key: Vec<&str> = (self.desc.pk().columns().iter())
+            .map(|c| c.name.as_str())
+            .collect();
         let mut sink = ParquetSink::open(
             self.options.io.clone(),
             &self.options.out,
             self.desc.schema(),
             record.map(|(epoch, _, _)| epoch),
-        )?;
+        )?
+        .with_key_statistics(&key)?;
         if record.is_none() {
             // A new job's sink writes the whole output: it digests it as it goes, so the
             // certificate need not read the output back.

@@ -27,6 +27,13 @@
 //! the bytes and fsyncs. The backfill never waits on zstd, only on a full queue of chunks
 //! (so a slow encoder slows the backfill instead of growing a queue), and the file
 //! operations stay on the caller's thread, in the protocol's order.
+//!
+//! Statistics: every column of a file keeps min/max statistics (per column chunk and page)
+//! except the string and binary columns outside the primary key (named with
+//! [`ParquetSink::with_key_statistics`]). A file is ordered by epoch, then key or vnode and
+//! key: statistics of the key, `_epoch`, numbers and dates let a reader skip row groups and
+//! pages, those of free text, flags and modes hardly ever do (every page holds a spread of
+//! them), and they cost the most to compute (a byte-wise compare a value).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,7 +46,7 @@ use arrow_schema::{DataType, SchemaRef};
 use hashbrown::HashSet;
 use parquet::arrow::ArrowSchemaConverter;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::chunk::{StreamChunk, changelog_schema};
@@ -100,6 +107,9 @@ const QUEUE_CHUNKS: usize = 64;
 enum Job {
     /// From now on, also digest every chunk (per file) as rows of this table.
     Digest(Arc<TableDesc>),
+    /// Files begun from now on keep min/max statistics of these string and binary columns
+    /// (see [`ParquetSink::with_key_statistics`]).
+    KeyColumns(Vec<String>),
     /// Encode a chunk emitted in an epoch into the current file.
     Chunk(u64, StreamChunk),
     /// Finish the current file and hand over its bytes, rows and digest.
@@ -161,6 +171,7 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
     let mut dictionaries = DictionaryChoice::default();
+    let mut key_columns: Vec<String> = Vec::new();
     // The size of the last file: the next one's buffer starts that big.
     let mut last_len = 0usize;
     let mut next: Option<Job> = None;
@@ -177,6 +188,7 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
                 let empty = TableDigest::new(desc.vnode_count());
                 digest = Some((desc, empty));
             }
+            Job::KeyColumns(columns) => key_columns = columns,
             Job::Chunk(epoch, chunk) => {
                 let mut group_rows = chunk.num_rows();
                 let mut group = vec![(epoch, chunk)];
@@ -203,7 +215,7 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
                     let writer = match &mut writer {
                         Some(w) => w,
                         None => {
-                            let props = writer_properties(schema, &dictionaries)?;
+                            let props = writer_properties(schema, &dictionaries, &key_columns)?;
                             let buffer = Vec::with_capacity(last_len + last_len / 8);
                             writer.insert(ColumnParallelWriter::try_new(
                                 buffer,
@@ -365,7 +377,11 @@ fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize)
 /// Date64 as a Parquet DATE (so every reader sees a date), lists with Parquet's `element`.
 const COERCE_TYPES: bool = true;
 
-/// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`.
+/// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`
+/// and min/max statistics of the string and binary columns named in `key_columns` only.
+///
+/// Statistics as the module docs say; the string ones left out were 7% of a replay's CPU
+/// (lineitem scale 1, `BENCHMARKS.md`).
 ///
 /// Integer leaves (Parquet INT32 and INT64: integers, dates, times, timestamps, small
 /// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED` (a nested leaf keeps its
@@ -373,17 +389,26 @@ const COERCE_TYPES: bool = true;
 /// differences instead of 4 or 8 bytes a value, so zstd gets a fraction of the bytes to
 /// compress. Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): zstd was over half of
 /// the sink's CPU, most of its input plain integers.
-fn writer_properties(schema: &SchemaRef, choice: &DictionaryChoice) -> Result<WriterProperties> {
+fn writer_properties(
+    schema: &SchemaRef,
+    choice: &DictionaryChoice,
+    key_columns: &[String],
+) -> Result<WriterProperties> {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_coerce_types(COERCE_TYPES);
     for (i, field) in schema.fields().iter().enumerate() {
-        // Top-level leaves only; a nested column keeps the default (dictionary on).
+        // Top-level leaves only; a nested column keeps the defaults (dictionary and
+        // statistics on).
         if !field.data_type().is_nested() {
+            let path = ColumnPath::from(field.name().as_str());
             builder = builder.set_column_dictionary_enabled(
-                ColumnPath::from(field.name().as_str()),
+                path.clone(),
                 choice.dictionary(i, field.data_type()),
             );
+            if dictionary_encoded(field.data_type()) && !key_columns.contains(field.name()) {
+                builder = builder.set_column_statistics_enabled(path, EnabledStatistics::None);
+            }
         }
     }
     // The leaf paths of the file the writer writes (with the same coercion).
@@ -507,6 +532,15 @@ impl ParquetSink {
     pub fn with_digest(mut self, desc: Arc<TableDesc>) -> Result<Self> {
         self.published_digest = Some(TableDigest::new(desc.vnode_count()));
         self.encoder.send(Job::Digest(desc))?;
+        Ok(self)
+    }
+
+    /// Keeps min/max statistics of the string and binary columns among `key` (the table's
+    /// primary key) in every file begun from now on; the other string and binary columns
+    /// have none (see the module docs). Without it, no string or binary column has them.
+    pub fn with_key_statistics<S: AsRef<str>>(self, key: &[S]) -> Result<Self> {
+        let columns = key.iter().map(|c| c.as_ref().to_string()).collect();
+        self.encoder.send(Job::KeyColumns(columns))?;
         Ok(self)
     }
 
@@ -815,6 +849,72 @@ mod tests {
             let column = arrow_cast::cast(column, field.data_type()).unwrap();
             assert_eq!(&column, batch.column(i), "{}", field.name());
         }
+    }
+
+    #[test]
+    fn string_statistics_only_for_key_columns() {
+        let table = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, false),
+            Field::new("note", DataType::Utf8, false),
+            Field::new("raw", DataType::Binary, false),
+        ]));
+        let n = 3000i64;
+        let batch = RecordBatch::try_new(
+            table.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("key-{i:05}")),
+                )),
+                Arc::new(Int64Array::from_iter_values(0..n)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("note {}", i * 31 % 977)),
+                )),
+                Arc::new(arrow_array::BinaryArray::from_iter_values(
+                    (0..n).map(|i| i.to_le_bytes()),
+                )),
+            ],
+        )
+        .unwrap();
+        let statistics = |key: &[&str]| -> Vec<(String, bool)> {
+            let out = tempfile::tempdir().unwrap();
+            let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &table, None)
+                .unwrap()
+                .with_key_statistics(key)
+                .unwrap();
+            sink.push(2, StreamChunk::inserts(batch.clone())).unwrap();
+            let prepared = sink.prepare(2).unwrap().unwrap();
+            sink.publish(prepared).unwrap();
+            let file = File::open(sink.dir().join(file_name(2))).unwrap();
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+            let columns = builder.metadata().row_group(0).columns();
+            let listed = columns
+                .iter()
+                .map(|c| (c.column_path().string(), c.statistics().is_some()))
+                .collect();
+            // The values are all there whatever the statistics.
+            let rows: usize = builder
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap().num_rows())
+                .sum();
+            assert_eq!(rows, n as usize);
+            listed
+        };
+        let with = |names: &[&str]| -> Vec<(String, bool)> {
+            ["_epoch", "_op", "name", "n", "note", "raw"]
+                .iter()
+                .map(|c| {
+                    (
+                        c.to_string(),
+                        !matches!(*c, "name" | "note" | "raw") || names.contains(c),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(statistics(&["name"]), with(&["name"]));
+        assert_eq!(statistics(&["n", "raw"]), with(&["raw"]));
+        assert_eq!(statistics(&[]), with(&[]));
     }
 
     #[test]
