@@ -5,9 +5,11 @@
 //! changelog (`_epoch`, `_op` and lineitem's 16 columns: integers, decimals, dates, flags,
 //! free text; strings as `Utf8View`, as the store hands them out) in batches of 1024, encoded
 //! into one in-memory file with the sink's settings (zstd, integers `DELTA_BINARY_PACKED`,
-//! dictionaries only for the columns whose values repeat). `ArrowWriter` gets the batches
-//! one at a time, the parallel writer in groups of 16 (the sink takes up to 16K rows off its
-//! queue at a time). Both write the same bytes; the ratio is what the cores buy.
+//! dictionaries only for the columns whose values repeat, no min/max statistics for the
+//! string columns outside the key). `ArrowWriter` gets the batches one at a time, the
+//! parallel writer in groups of 16 (the sink takes up to 16K rows off its queue at a time). Both write the same bytes; the ratio is what the cores buy.
+//! `column_parallel_string_statistics` is the parallel writer with statistics for every
+//! string column too, as the sink wrote them before: the ratio is what leaving them out buys.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -90,7 +92,9 @@ fn schema() -> SchemaRef {
 
 /// The sink's settings for this schema: zstd, delta-packed integers, a dictionary for the
 /// flags only (the free text is written plain).
-fn props() -> WriterProperties {
+/// The sink's settings: `string_statistics` false as the replay writes lineitem (its key has
+/// no string column, so no string column keeps min/max statistics), true as before that.
+fn props_with(string_statistics: bool) -> WriterProperties {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .set_coerce_types(true)
@@ -103,7 +107,17 @@ fn props() -> WriterProperties {
     for name in DECIMALS {
         builder = builder.set_column_dictionary_enabled(ColumnPath::from(name), false);
     }
+    if !string_statistics {
+        for name in FLAGS.iter().map(|(name, _)| *name).chain(["l_comment"]) {
+            builder = builder
+                .set_column_statistics_enabled(ColumnPath::from(name), EnabledStatistics::None);
+        }
+    }
     builder.build()
+}
+
+fn props() -> WriterProperties {
+    props_with(false)
 }
 
 fn batches() -> Vec<RecordBatch> {
@@ -185,7 +199,11 @@ fn arrow_writer(batches: &[RecordBatch]) -> Vec<u8> {
 }
 
 fn column_parallel(batches: &[RecordBatch]) -> Vec<u8> {
-    let mut writer = ColumnParallelWriter::try_new(Vec::new(), schema(), props()).unwrap();
+    column_parallel_with(batches, props())
+}
+
+fn column_parallel_with(batches: &[RecordBatch], props: WriterProperties) -> Vec<u8> {
+    let mut writer = ColumnParallelWriter::try_new(Vec::new(), schema(), props).unwrap();
     for group in batches.chunks(GROUP) {
         writer.write(group).unwrap();
     }
@@ -206,6 +224,9 @@ fn sink_encode(c: &mut Criterion) {
     });
     group.bench_function("column_parallel", |b| {
         b.iter(|| black_box(column_parallel(&batches).len()))
+    });
+    group.bench_function("column_parallel_string_statistics", |b| {
+        b.iter(|| black_box(column_parallel_with(&batches, props_with(true)).len()))
     });
     group.finish();
 }
