@@ -7,7 +7,8 @@
 //! into one in-memory file with the sink's settings (zstd, integers `DELTA_BINARY_PACKED`,
 //! dictionaries only for the columns whose values repeat, no min/max statistics for the
 //! string columns outside the key). `ArrowWriter` gets the batches one at a time, the
-//! parallel writer in groups of 16 (the sink takes up to 16K rows off its queue at a time). Both write the same bytes; the ratio is what the cores buy.
+//! parallel writer in groups of 16 (the sink takes up to 16K rows off its queue at a time).
+//! Both write the same bytes; the ratio is what the cores buy.
 //! `column_parallel_string_statistics` is the parallel writer with statistics for every
 //! string column too, as the sink wrote them before: the ratio is what leaving them out buys.
 
