@@ -270,6 +270,12 @@ fn encode_loop(schema: &SchemaRef, rx: &Receiver<Job>) {
 /// under zstd their plain pages came out smaller than dictionary-encoded ones; strings (flags,
 /// modes, free text) keep it, readers can then decode them to dictionary arrays.
 fn dictionary_encoded(data_type: &DataType) -> bool {
+    byte_array(data_type)
+}
+
+/// Strings and binaries: Parquet byte arrays, whose statistics and dictionaries cost a
+/// compare or a hash of their bytes a value.
+fn byte_array(data_type: &DataType) -> bool {
     matches!(
         data_type,
         DataType::Utf8
@@ -406,7 +412,7 @@ fn writer_properties(
                 path.clone(),
                 choice.dictionary(i, field.data_type()),
             );
-            if dictionary_encoded(field.data_type()) && !key_columns.contains(field.name()) {
+            if byte_array(field.data_type()) && !key_columns.contains(field.name()) {
                 builder = builder.set_column_statistics_enabled(path, EnabledStatistics::None);
             }
         }
