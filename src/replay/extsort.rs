@@ -16,6 +16,10 @@
 //!
 //! - A full buffer is sorted and written on a background thread while the next one fills;
 //!   the sort itself is a parallel stable sort of `(batch, row)` indices by encoded key.
+//! - Input that comes in key order (a snapshot dumped from an arrangement) is not sorted at
+//!   all: a buffer already in order is written as it is, and appended to the run before it
+//!   when it starts at or after that run's last key, so a sorted table becomes one run
+//!   however large, written once, with no sort and no gather of its rows.
 //! - Runs are Arrow IPC streams of the typed columns: arrow-row bytes are not a persisted
 //!   format (DESIGN section 5), so keys are re-encoded with the same [`PrimaryKey`] when a run
 //!   is read back.
@@ -154,8 +158,10 @@ pub(crate) struct ExternalSorter {
     buffered_bytes: usize,
     buffered_rows: usize,
     runs: Vec<Run>,
+    /// The last run, while it is still open for a next buffer in order to extend it.
+    open: Option<OpenRun>,
     runs_written: usize,
-    in_flight: Option<JoinHandle<Result<Run>>>,
+    in_flight: Option<JoinHandle<Result<Spilled>>>,
     /// Bytes written to scratch files, merge passes included.
     spilled: Arc<AtomicU64>,
 }
@@ -180,6 +186,7 @@ impl ExternalSorter {
             buffered_bytes: 0,
             buffered_rows: 0,
             runs: Vec::new(),
+            open: None,
             runs_written: 0,
             in_flight: None,
             spilled: Arc::default(),
@@ -212,7 +219,8 @@ impl ExternalSorter {
         Ok(())
     }
 
-    /// Runs spilled so far, or being spilled.
+    /// Buffers spilled so far, or being spilled (a buffer in order may extend the run before
+    /// it instead of starting one).
     #[cfg(test)]
     pub fn runs_written(&self) -> usize {
         self.runs_written
@@ -250,19 +258,20 @@ impl ExternalSorter {
         (std::mem::take(&mut self.buffer), batch_rows)
     }
 
-    /// Waits for the run being written, if any.
+    /// Waits for the buffer being spilled, if any.
     fn join_in_flight(&mut self) -> Result<()> {
         if let Some(handle) = self.in_flight.take() {
-            let run = handle
+            let (closed, open) = handle
                 .join()
                 .map_err(|_| internal!("an external sort thread panicked"))??;
-            self.runs.push(run);
+            self.runs.extend(closed);
+            self.open = open;
         }
         Ok(())
     }
 
     /// Sorts and writes the buffer as a run on a background thread (after the previous one
-    /// is done, so at most one run is in flight).
+    /// is done, so at most one spill is in flight).
     fn spill_in_background(&mut self) -> Result<()> {
         self.join_in_flight()?;
         let path = self.next_run_path();
@@ -270,9 +279,10 @@ impl ExternalSorter {
         let key = self.key.clone();
         let schema = self.schema.clone();
         let spilled = self.spilled.clone();
+        let open = self.open.take();
         let handle = std::thread::Builder::new()
             .name("backfill-extsort".into())
-            .spawn(move || write_run(path, &schema, &key, batches, batch_rows, &spilled))
+            .spawn(move || spill(path, &schema, &key, batches, batch_rows, open, &spilled))
             .map_err(|e| Error::scratch(&self.dir, e))?;
         self.in_flight = Some(handle);
         Ok(())
@@ -281,7 +291,7 @@ impl ExternalSorter {
     /// All rows pushed, sorted.
     pub fn finish(mut self) -> Result<SortedStream> {
         self.join_in_flight()?;
-        if self.runs.is_empty() {
+        if self.runs.is_empty() && self.open.is_none() {
             let (batches, batch_rows) = self.take_buffer();
             return Ok(SortedStream::Memory(MemorySorted::new(
                 &self.key, batches, batch_rows,
@@ -290,15 +300,21 @@ impl ExternalSorter {
         if !self.buffer.is_empty() {
             let path = self.next_run_path();
             let (batches, batch_rows) = self.take_buffer();
-            let run = write_run(
+            let open = self.open.take();
+            let (closed, open) = spill(
                 path,
                 &self.schema,
                 &self.key,
                 batches,
                 batch_rows,
+                open,
                 &self.spilled,
             )?;
-            self.runs.push(run);
+            self.runs.extend(closed);
+            self.open = open;
+        }
+        if let Some(open) = self.open.take() {
+            self.runs.push(open.close(&self.spilled)?);
         }
         let mut runs = std::mem::take(&mut self.runs);
         let fan_in = self.config.fan_in.max(2);
@@ -335,12 +351,34 @@ impl Drop for ExternalSorter {
     }
 }
 
+/// Whether the rows of `keys` (batch after batch) are in key order already: a stable sort
+/// would leave them as they are.
+fn in_order(keys: &[BinaryArray]) -> bool {
+    let mut last: Option<&[u8]> = None;
+    keys.iter().filter(|k| !k.is_empty()).all(|k| {
+        let ordered = last.is_none_or(|last| last <= k.value(0))
+            && (1..k.len()).all(|i| k.value(i - 1) <= k.value(i));
+        last = Some(k.value(k.len() - 1));
+        ordered
+    })
+}
+
 /// The stable order of the rows of `batches` by key: `(batch, row)` pairs.
 ///
 /// Each row is sorted with its [`KeyPrefix`]: most comparisons are integer compares in the
-/// sorted array, and only rows whose prefixes tie compare their whole keys.
+/// sorted array, and only rows whose prefixes tie compare their whole keys. Rows already in
+/// order are left as they are, without a sort.
 fn sort_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
     let too_many = || internal!("more than 2^32 rows or batches in one sort run");
+    if in_order(keys) {
+        let mut order = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
+        for (b, k) in keys.iter().enumerate() {
+            let b = u32::try_from(b).map_err(|_| too_many())?;
+            let n = u32::try_from(k.len()).map_err(|_| too_many())?;
+            order.extend((0..n).map(|r| (b, r)));
+        }
+        return Ok(order);
+    }
     let mut order: Vec<(KeyPrefix, u32, u32)> =
         Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
     for (b, k) in keys.iter().enumerate() {
@@ -376,24 +414,117 @@ fn gather(batches: &[RecordBatch], order: &[(u32, u32)]) -> Result<RecordBatch> 
     Ok(interleave_record_batch(&refs, &indices)?)
 }
 
-/// Sorts `batches` and writes them to `path` in batches of `batch_rows` rows.
-fn write_run(
+/// A run whose rows came in key order, its file still open: the next buffer extends it if
+/// that buffer is in order too and starts at or after its last key.
+struct OpenRun {
+    run: Run,
+    writer: RunWriter,
+    /// The encoded key of its last row.
+    last_key: Vec<u8>,
+}
+
+impl OpenRun {
+    /// Finishes the file.
+    fn close(self, spilled: &AtomicU64) -> Result<Run> {
+        spilled.fetch_add(self.writer.finish()?, Ordering::Relaxed);
+        Ok(self.run)
+    }
+}
+
+/// What a spill leaves: the runs it finished, in order, and the run it left open.
+type Spilled = (Vec<Run>, Option<OpenRun>);
+
+/// Writes a buffer's `batches` (in push order) in batches of `batch_rows` rows: rows in key
+/// order extend `open` (or start a new open run at `path`), others are sorted into a run of
+/// their own at `path` (after `open` is finished).
+fn spill(
     path: PathBuf,
     schema: &SchemaRef,
     key: &PrimaryKey,
     batches: Vec<RecordBatch>,
     batch_rows: usize,
+    open: Option<OpenRun>,
     spilled: &AtomicU64,
-) -> Result<Run> {
+) -> Result<Spilled> {
+    let batch_rows = batch_rows.max(1);
     let keys = encode_all(key, &batches)?;
-    let order = sort_order(&keys)?;
-    drop(keys);
-    let mut writer = RunWriter::create(&path, schema)?;
-    for chunk in order.chunks(batch_rows.max(1)) {
-        writer.write(&gather(&batches, chunk)?)?;
+    let mut closed = Vec::new();
+    let (Some(first), Some(last)) = (first_key(&keys), last_key(&keys)) else {
+        // Nothing to write.
+        return Ok((closed, open));
+    };
+    if !in_order(&keys) {
+        if let Some(open) = open {
+            closed.push(open.close(spilled)?);
+        }
+        let order = sort_order(&keys)?;
+        drop(keys);
+        let mut writer = RunWriter::create(&path, schema)?;
+        for chunk in order.chunks(batch_rows) {
+            writer.write(&gather(&batches, chunk)?)?;
+        }
+        spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
+        closed.push(Run { path, batch_rows });
+        return Ok((closed, None));
     }
-    spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
-    Ok(Run { path, batch_rows })
+    let mut open = match open {
+        Some(open) if open.last_key.as_slice() <= first => open,
+        other => {
+            if let Some(open) = other {
+                closed.push(open.close(spilled)?);
+            }
+            OpenRun {
+                writer: RunWriter::create(&path, schema)?,
+                run: Run { path, batch_rows },
+                last_key: Vec::new(),
+            }
+        }
+    };
+    open.last_key = last.to_vec();
+    drop(keys);
+    // The rows as they are, in batches of the run's size (slices, or pieces of consecutive
+    // batches joined where a batch boundary falls inside one).
+    let rows = open.run.batch_rows;
+    let mut pieces: Vec<RecordBatch> = Vec::new();
+    let mut piece_rows = 0;
+    for batch in &batches {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = (rows - piece_rows).min(batch.num_rows() - offset);
+            pieces.push(batch.slice(offset, len));
+            piece_rows += len;
+            offset += len;
+            if piece_rows == rows {
+                open.writer.write(&join(schema, &pieces)?)?;
+                pieces.clear();
+                piece_rows = 0;
+            }
+        }
+    }
+    if !pieces.is_empty() {
+        open.writer.write(&join(schema, &pieces)?)?;
+    }
+    Ok((closed, Some(open)))
+}
+
+/// The first key of `keys` (batch after batch), if any.
+fn first_key(keys: &[BinaryArray]) -> Option<&[u8]> {
+    keys.iter().find(|k| !k.is_empty()).map(|k| k.value(0))
+}
+
+/// The last key of `keys` (batch after batch), if any.
+fn last_key(keys: &[BinaryArray]) -> Option<&[u8]> {
+    (keys.iter().rev())
+        .find(|k| !k.is_empty())
+        .map(|k| k.value(k.len() - 1))
+}
+
+/// Consecutive pieces of rows as one batch (the piece itself when there is one).
+fn join(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
+    match pieces {
+        [piece] => Ok(piece.clone()),
+        _ => Ok(arrow_select::concat::concat_batches(schema, pieces)?),
+    }
 }
 
 /// Merges `runs` into one run at `path` and deletes them.
@@ -738,15 +869,21 @@ mod tests {
             .collect()
     }
 
-    /// Random rows with many equal keys, in random batch sizes.
-    fn input(rng: &mut StdRng, rows: usize) -> Vec<RecordBatch> {
-        let all: Vec<Row> = (0..rows as u64)
+    /// Random rows with many equal keys, in random batch sizes; the first `ordered` rows
+    /// come in key order (equal keys in push order).
+    fn input_ordered(rng: &mut StdRng, rows: usize, ordered: usize) -> Vec<RecordBatch> {
+        let mut all: Vec<Row> = (0..rows as u64)
             .map(|seq| {
                 let k1 = rng.random_range(-20..20);
                 let k2 = format!("{}", rng.random_range(0..5));
                 (k1, k2, seq)
             })
             .collect();
+        let ordered = ordered.min(rows);
+        all[..ordered].sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        for (seq, row) in all.iter_mut().enumerate() {
+            row.2 = seq as u64;
+        }
         let sizes = [1, 2, 7, 49, 50, 51, 300];
         let mut batches = Vec::new();
         let mut start = 0;
@@ -792,7 +929,9 @@ mod tests {
         let mut seen_runs = std::collections::BTreeSet::new();
         for case in 0..40 {
             let rows = [0, 1, 5, 100, 1000, 3000][case % 6];
-            let batches = input(&mut rng, rows);
+            // Random, in key order, or in key order up to the middle.
+            let ordered = [0, rows, rows / 2][(case / 6) % 3];
+            let batches = input_ordered(&mut rng, rows, ordered);
             let total: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
             let configs = [
                 // Everything in memory.
@@ -834,6 +973,51 @@ mod tests {
             vec![0, 1, 2, 3],
             "no spill, one, two and many spills while pushing all occur"
         );
+    }
+
+    /// Input in key order is written once, as one run, however many buffers it fills; a
+    /// buffer out of order after it starts a run of its own.
+    #[test]
+    fn input_in_key_order_becomes_one_run() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for ordered in [3000, 2000] {
+            let batches = input_ordered(&mut rng, 3000, ordered);
+            let total: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+            let config = SortConfig {
+                run_bytes: total / 10 + 1,
+                batch_bytes: 1000,
+                fan_in: 64,
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let mut sorter = ExternalSorter::new(schema(), key(), dir.path(), "t", config);
+            for b in &batches {
+                sorter.push(b.clone()).unwrap();
+            }
+            assert!(
+                sorter.runs_written() >= 8,
+                "{} spills",
+                sorter.runs_written()
+            );
+            let spilled = sorter.bytes_spilled();
+            let mut stream = sorter.finish().unwrap();
+            let files = std::fs::read_dir(dir.path()).unwrap().count();
+            if ordered == 3000 {
+                assert_eq!(files, 1, "one run for input in key order");
+            } else {
+                // The ordered two thirds, then a run per unordered buffer (the first of
+                // them begins in order and ends out of it).
+                assert!((2..=5).contains(&files), "{files} runs");
+            }
+            let raw: u64 = 3000 * (8 + 4 + 8 + 2);
+            let spilled = spilled.load(Ordering::Relaxed);
+            assert!(spilled < 3 * raw, "{spilled} bytes spilled for {raw}");
+            let mut rows = Vec::new();
+            while let Some(sorted) = stream.next_batch().unwrap() {
+                assert_eq!(sorted.keys, key().encode(&sorted.batch).unwrap());
+                rows.extend(rows_of(&sorted.batch));
+            }
+            assert_eq!(rows, oracle(&batches), "{ordered} rows in order");
+        }
     }
 
     #[test]
