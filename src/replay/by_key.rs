@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int8Type, UInt64Type};
-use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, UInt64Array};
+use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -64,7 +64,7 @@ pub(crate) enum Payload {
 }
 
 /// Where each file's rows start in the sequence.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct FileIndex {
     /// `(first sequence, path, is a snapshot file)`, in sequence order.
     starts: Vec<(u64, PathBuf, bool)>,
@@ -163,7 +163,8 @@ pub(crate) struct KeyedChanges {
     mix64: bool,
     /// The [`mix64_rows`] hashes of the rows pushed last, when `mix64`.
     last_hashes: Option<ScalarBuffer<u64>>,
-    sorter: ExternalSorter,
+    /// One sorter a partition: a key's rows all go to the partition of its key's hash.
+    sorters: Vec<ExternalSorter>,
     files: FileIndex,
     next_seq: u64,
 }
@@ -178,7 +179,10 @@ fn mix64_exact(schema: &Schema) -> bool {
 }
 
 impl KeyedChanges {
-    /// Rows of `table` keyed by `pk`, spilling to `dir` as `{name}-*.arrow`.
+    /// Rows of `table` keyed by `pk`, spilling to `dir` as `{name}-*.arrow`, sorted in
+    /// `partitions` parts of the keys (at least one), each with its share of `config`'s
+    /// memory, each folded on its own ([`Self::finish`]). More than one needs key columns
+    /// [`mix64_rows`] can hash; otherwise there is one.
     pub fn new(
         table: &SchemaRef,
         pk: &PrimaryKey,
@@ -186,11 +190,27 @@ impl KeyedChanges {
         dir: &Path,
         name: &str,
         config: SortConfig,
+        partitions: usize,
     ) -> Result<Self> {
         let (layout, schema) = Layout::new(table, pk, payload);
         // The key resolved by name against the sorted rows: key columns come first, so a
         // table column named like an extra column cannot shadow it.
         let sort_key = PrimaryKey::new(&schema, pk.columns().to_vec())?;
+        let hashable = pk.indices().iter().all(|&i| {
+            let field = &table.fields()[i];
+            check_hashable(field.name(), field.data_type()).is_ok()
+        });
+        let partitions = if hashable { partitions.max(1) } else { 1 };
+        let config = config.split(partitions);
+        let sorters = (0..partitions)
+            .map(|p| {
+                let name = match partitions {
+                    1 => name.to_string(),
+                    _ => format!("{name}-p{p}"),
+                };
+                ExternalSorter::new(schema.clone(), sort_key.clone(), dir, &name, config)
+            })
+            .collect();
         Ok(Self {
             pk: pk.clone(),
             names: table.fields().iter().map(|f| f.name().clone()).collect(),
@@ -198,7 +218,7 @@ impl KeyedChanges {
             hasher: Default::default(),
             mix64: payload == Payload::Hash && mix64_exact(table),
             last_hashes: None,
-            sorter: ExternalSorter::new(schema, sort_key, dir, name, config),
+            sorters,
             files: FileIndex::default(),
             layout,
             next_seq: 0,
@@ -281,8 +301,30 @@ impl KeyedChanges {
                 .collect();
             columns.push(Arc::new(hashes));
         }
-        let sorted = RecordBatch::try_new(self.sorter.schema().clone(), columns)?;
-        self.sorter.push(sorted)
+        let key_columns = self.pk.key_columns(batch);
+        let sorted = RecordBatch::try_new(self.sorters[0].schema().clone(), columns)?;
+        match self.sorters.as_mut_slice() {
+            [sorter] => sorter.push(sorted),
+            sorters => {
+                // A key's partition: the high bits of its hash, times the partitions.
+                let parts = sorters.len() as u128;
+                let mut rows: Vec<Vec<u32>> = vec![Vec::new(); sorters.len()];
+                for (row, hash) in mix64_rows(&key_columns, batch.num_rows())?
+                    .into_iter()
+                    .enumerate()
+                {
+                    let part = ((u128::from(hash) * parts) >> 64) as usize;
+                    rows[part].push(row as u32);
+                }
+                for (sorter, rows) in sorters.iter_mut().zip(rows) {
+                    if !rows.is_empty() {
+                        let rows = UInt32Array::from(rows);
+                        sorter.push(arrow_select::take::take_record_batch(&sorted, &rows)?)?;
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The completion certificate's row hashes ([`mix64_rows`] of every column) of the rows
@@ -291,25 +333,83 @@ impl KeyedChanges {
         self.last_hashes.as_deref()
     }
 
-    /// All rows pushed, sorted by key, ready to be folded.
-    pub fn finish(self) -> Result<KeyFold> {
-        Ok(KeyFold {
-            stream: self.sorter.finish()?,
-            pk: self.pk,
-            layout: self.layout,
-            all_columns: self.all_columns,
-            files: self.files,
-            current: None,
-            pos: 0,
-            key: Vec::new(),
-            present: false,
-            held: Vec::new(),
-            first: None,
-        })
+    /// All rows pushed, sorted by key, ready to be folded: one fold a partition, each over
+    /// keys no other holds, in key order (the keys of all of them are in key order only
+    /// with one partition).
+    pub fn finish(self) -> Result<Vec<KeyFold>> {
+        let Self {
+            pk,
+            layout,
+            files,
+            sorters,
+            ..
+        } = self;
+        sorters
+            .into_iter()
+            .map(|sorter| {
+                Ok(KeyFold {
+                    stream: sorter.finish()?,
+                    pk: pk.clone(),
+                    all_columns: all_columns(&layout.table)?,
+                    layout: layout.clone(),
+                    files: files.clone(),
+                    current: None,
+                    pos: 0,
+                    key: Vec::new(),
+                    present: false,
+                    held: Vec::new(),
+                    first: None,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Self::finish`] of rows sorted in one partition: every key in key order.
+    pub fn finish_one(self) -> Result<KeyFold> {
+        let parts = self.sorters.len();
+        let mut folds = self.finish()?;
+        match (folds.pop(), folds.is_empty()) {
+            (Some(fold), true) => Ok(fold),
+            _ => Err(internal!("one fold of keys sorted in {parts} partitions")),
+        }
     }
 }
 
 use std::hash::BuildHasher;
+
+/// Folds every key of `folds` (the partitions of [`KeyedChanges::finish`]), each on a thread
+/// of its own, and describes the violation with the smallest sequence among them, if any:
+/// the one a single fold of all the keys would report, since keys do not interact.
+pub(crate) fn first_violation_of(folds: Vec<KeyFold>) -> Result<Option<Error>> {
+    let folds = std::thread::scope(|scope| {
+        let running = folds
+            .into_iter()
+            .map(|mut fold| {
+                std::thread::Builder::new()
+                    .name("backfill-fold".into())
+                    .spawn_scoped(scope, move || -> Result<KeyFold> {
+                        while fold.next_key()? {}
+                        Ok(fold)
+                    })
+                    .map_err(|e| internal!("cannot start a fold thread: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        running
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(internal!("a fold thread panicked")))
+            })
+            .collect::<Result<Vec<KeyFold>>>()
+    })?;
+    let first = (folds.iter())
+        .filter_map(|fold| Some((fold, fold.first_violation()?)))
+        .min_by_key(|(_, violation)| violation.seq);
+    first
+        .map(|(fold, violation)| fold.error(violation))
+        .transpose()
+}
 
 /// What went wrong with a key's row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -635,6 +735,7 @@ mod tests {
             dir.path(),
             "t",
             SortConfig::for_budget(1 << 20),
+            1,
         )
         .unwrap();
         assert_eq!(rows.certificate_hashes(), None, "nothing pushed yet");
@@ -644,5 +745,63 @@ mod tests {
             .unwrap();
         let expected = mix64_rows(batch.columns(), batch.num_rows()).unwrap();
         assert_eq!(rows.certificate_hashes(), Some(expected.as_slice()));
+    }
+
+    /// Keys sorted and folded in partitions report the violation one fold of every key
+    /// reports: the one with the smallest sequence.
+    #[test]
+    fn partitions_report_the_first_violation_of_all_keys() {
+        use rand::{Rng, SeedableRng};
+        let table = crate::replay::testing::schema();
+        let pk = PrimaryKey::new(&table, vec![crate::key::KeyColumn::asc("k")]).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut duplicates = 0;
+        for case in 0..30 {
+            // Snapshot rows of keys drawn from a range: duplicates at random places.
+            let batches: Vec<RecordBatch> = (0..rng.random_range(1..6))
+                .map(|_| {
+                    let text: String = (0..rng.random_range(1..40))
+                        .map(|_| format!("{} x\n", rng.random_range(0..(60 + case * 20))))
+                        .collect();
+                    crate::replay::testing::rows(&text)
+                })
+                .collect();
+            let report = |partitions: usize| {
+                let dir = tempfile::tempdir().unwrap();
+                let mut rows = KeyedChanges::new(
+                    &table,
+                    &pk,
+                    Payload::Hash,
+                    dir.path(),
+                    "t",
+                    SortConfig::for_budget(4 << 10),
+                    partitions,
+                )
+                .unwrap();
+                let mut first_row = 0;
+                for batch in &batches {
+                    rows.push_snapshot(Path::new("snapshot/a.parquet"), first_row, batch)
+                        .unwrap()
+                        .unwrap();
+                    first_row += batch.num_rows() as u64;
+                }
+                let folds = rows.finish().unwrap();
+                assert_eq!(folds.len(), partitions);
+                first_violation_of(folds).unwrap().map(|e| e.to_string())
+            };
+            let one = report(1);
+            duplicates += usize::from(one.is_some());
+            for partitions in [2, 3] {
+                assert_eq!(
+                    report(partitions),
+                    one,
+                    "case {case}, {partitions} partitions"
+                );
+            }
+        }
+        assert!(
+            (5..30).contains(&duplicates),
+            "{duplicates} cases with a duplicate"
+        );
     }
 }

@@ -113,6 +113,17 @@ impl SortConfig {
     /// Bytes per run being merged below which the fan-in shrinks.
     const MIN_MERGE_BYTES: usize = 64 << 10;
 
+    /// The share of one of `parts` sorts that together stay within this configuration's
+    /// memory.
+    pub fn split(self, parts: usize) -> Self {
+        let parts = parts.max(1);
+        Self {
+            run_bytes: (self.run_bytes / parts).max(1),
+            batch_bytes: (self.batch_bytes / parts).max(1),
+            fan_in: self.fan_in,
+        }
+    }
+
     /// A configuration that stays within `budget` bytes.
     pub fn for_budget(budget: usize) -> Self {
         let run_bytes = (budget / 4).max(1);

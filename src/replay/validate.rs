@@ -22,7 +22,7 @@
 //! Memory is bounded by [`ExternalSortOptions::memory_budget`], whatever the table's size;
 //! the sort spills to [`ExternalSortOptions::scratch_dir`].
 
-use super::by_key::{KeyedChanges, Payload};
+use super::by_key::{KeyedChanges, Payload, first_violation_of};
 use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use super::prefetch::Prefetch;
@@ -97,6 +97,17 @@ pub(crate) enum Observed<'a> {
     Changes(&'a RecordBatch, &'a [Op], Option<&'a [u64]>),
 }
 
+/// The partitions of the keys the validation sorts and folds: one a core (at most
+/// [`MAX_FOLD_PARTITIONS`]), so that the pass's last step, the fold of every key after the
+/// input is read, runs on every core instead of one.
+fn fold_partitions() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_FOLD_PARTITIONS))
+}
+
+/// The most partitions of the validation's keys: each has a spill thread and a share of
+/// the memory budget, whose runs get smaller with more.
+const MAX_FOLD_PARTITIONS: usize = 4;
+
 /// See [`Dataset::validate_with`].
 fn validate_with(
     dataset: &Dataset,
@@ -113,6 +124,7 @@ fn validate_with(
         scratch.path(),
         "validate",
         SortConfig::for_budget(options.memory_budget),
+        fold_partitions(),
     )?;
     let mut summary = DatasetSummary::default();
     let snapshot = match snapshot {
@@ -124,10 +136,8 @@ fn validate_with(
         )?),
     };
     let stream_error = read(dataset, snapshot, &mut rows, &mut summary, observe)?;
-    let mut fold = rows.finish()?;
-    while fold.next_key()? {}
-    if let Some(violation) = fold.first_violation() {
-        return Err(fold.error(violation)?);
+    if let Some(violation) = first_violation_of(rows.finish()?)? {
+        return Err(violation);
     }
     match stream_error {
         Some(e) => Err(e),
