@@ -14,6 +14,12 @@
 //!                                  the violation with the smallest sequence, its final rows
 //! ```
 //!
+//! Because keys do not interact, the rows can also be split by a hash of their key into
+//! partitions sorted and folded on their own, each on a thread ([`first_violation_of`]): the
+//! validation uses one a core, so its last step (the fold, after the whole input is read)
+//! does not leave the other cores idle. Verification compares two folds key by key in order,
+//! so it keeps one.
+//!
 //! Each key's rows are folded with the rules of [`super::apply`]: snapshot row or insert/U+ of
 //! an absent key, delete/U- of a present key with the same values. A table model stops at its
 //! first violation in stream order; the keys do not interact, so that violation is the one

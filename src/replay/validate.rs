@@ -2,8 +2,9 @@
 //!
 //! One pass reads the snapshot and the changelog in order and checks what the stream shows
 //! (NULL keys, op codes, epochs, update pairs); every row goes, with its sequence number in
-//! the stream and a 64-bit hash of its values, into an external sort by key; then each key's
-//! rows are applied in stream order ([`super::by_key`]). Each error is an [`Error::Dataset`]
+//! the stream and a 64-bit hash of its values, into an external sort by key (one a core, each
+//! over the keys of a hash partition); then each key's rows are applied in stream order
+//! ([`super::by_key`]), the partitions in parallel. Each error is an [`Error::Dataset`]
 //! naming the file, the row within it (from 0) and, for changes, the epoch:
 //!
 //! | where     | what                                                                     |
