@@ -307,20 +307,18 @@ impl KeyedChanges {
                 .collect();
             columns.push(Arc::new(hashes));
         }
-        let key_columns = self.pk.key_columns(batch);
         let sorted = RecordBatch::try_new(self.sorters[0].schema().clone(), columns)?;
         match self.sorters.as_mut_slice() {
             [sorter] => sorter.push(sorted),
             sorters => {
-                // A key's partition: the high bits of its hash, times the partitions.
+                // A key's partition: its hash scaled to the partitions (equal keys, equal
+                // hashes: a key's rows all go to one partition).
                 let parts = sorters.len() as u128;
+                let hashes = mix64_rows(&self.pk.key_columns(batch), batch.num_rows())?;
                 let mut rows: Vec<Vec<u32>> = vec![Vec::new(); sorters.len()];
-                for (row, hash) in mix64_rows(&key_columns, batch.num_rows())?
-                    .into_iter()
-                    .enumerate()
-                {
+                for (row, hash) in (0u32..).zip(hashes) {
                     let part = ((u128::from(hash) * parts) >> 64) as usize;
-                    rows[part].push(row as u32);
+                    rows[part].push(row);
                 }
                 for (sorter, rows) in sorters.iter_mut().zip(rows) {
                     if !rows.is_empty() {
