@@ -36,8 +36,8 @@
 //! them), and they cost the most to compute (a byte-wise compare a value).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use arrow_array::cast::AsArray;
@@ -100,8 +100,70 @@ pub struct Recovery {
     pub kept: u64,
 }
 
-/// Chunks queued for the encoder before `push` blocks.
-const QUEUE_CHUNKS: usize = 64;
+/// Rows queued for the encoder before `push` blocks (a chunk is admitted into an empty queue
+/// whatever its size).
+///
+/// Chosen by measurement (BENCHMARKS.md, "A deeper queue before the sink's encoder"): 64
+/// chunks of 1024 rows left the consumer waiting on the encoder and the actors waiting on the
+/// consumer at every burst (lineitem scale 1: 0.92 to 0.96x wall at 256 chunks, worse again at
+/// 1024: 1 GB peak). About 40 MB of lineitem rows.
+const QUEUE_ROWS: usize = 256 * 1024;
+
+/// The rows queued for the encoder, bounded by [`QUEUE_ROWS`]; closed when the encoder
+/// thread ends, so that no `push` waits for it forever.
+#[derive(Debug, Default)]
+struct Backlog {
+    state: Mutex<BacklogState>,
+    drained: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct BacklogState {
+    rows: usize,
+    closed: bool,
+}
+
+impl Backlog {
+    /// Waits for room for `rows` more rows and counts them in; false once closed.
+    fn admit(&self, rows: usize) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        while !state.closed && state.rows > 0 && state.rows + rows > QUEUE_ROWS {
+            state = match self.drained.wait(state) {
+                Ok(state) => state,
+                Err(_) => return false,
+            };
+        }
+        state.rows += rows;
+        !state.closed
+    }
+
+    /// Counts `rows` out (taken off the queue by the encoder).
+    fn release(&self, rows: usize) {
+        if let Ok(mut state) = self.state.lock() {
+            state.rows = state.rows.saturating_sub(rows);
+            self.drained.notify_all();
+        }
+    }
+
+    /// No more rows will be taken off the queue.
+    fn close(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.closed = true;
+            self.drained.notify_all();
+        }
+    }
+}
+
+/// Closes the backlog when the encoder thread ends, however it ends.
+struct CloseOnDrop(Arc<Backlog>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
 
 /// What the encoder thread is asked to do.
 enum Job {
@@ -123,27 +185,39 @@ type Finished = (u64, Option<TableDigest>);
 /// The encoder thread: chunks in, one Parquet file written per `Finish`.
 #[derive(Debug)]
 struct Encoder {
-    tx: Option<SyncSender<Job>>,
+    tx: Option<Sender<Job>>,
+    backlog: Arc<Backlog>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Encoder {
     fn start(schema: SchemaRef, io: Arc<dyn StorageIo>) -> Result<Self> {
-        let (tx, rx) = sync_channel::<Job>(QUEUE_CHUNKS);
+        let (tx, rx) = channel::<Job>();
+        let backlog = Arc::new(Backlog::default());
+        let queue = Arc::clone(&backlog);
         let thread = std::thread::Builder::new()
             .name("backfill-sink".into())
-            .spawn(move || encode_loop(&schema, io.as_ref(), &rx))
+            .spawn(move || {
+                let _close = CloseOnDrop(Arc::clone(&queue));
+                encode_loop(&schema, io.as_ref(), &rx, &queue);
+            })
             .map_err(Error::Io)?;
         Ok(Self {
             tx: Some(tx),
+            backlog,
             thread: Some(thread),
         })
     }
 
+    /// Queues `job`, waiting while the queue holds [`QUEUE_ROWS`] rows of chunks.
     fn send(&self, job: Job) -> Result<()> {
-        self.tx
-            .as_ref()
-            .and_then(|tx| tx.send(job).ok())
+        let admitted = match &job {
+            Job::Chunk(_, chunk) => self.backlog.admit(chunk.num_rows()),
+            _ => true,
+        };
+        admitted
+            .then_some(())
+            .and_then(|()| self.tx.as_ref()?.send(job).ok())
             .ok_or_else(|| internal!("the sink's encoder thread stopped"))
     }
 }
@@ -170,7 +244,7 @@ const GROUP_ROWS: usize = 16 * 1024;
 /// A file is encoded into memory, then written out here: one buffer serves every file (it
 /// grows to the largest), so the files' bytes never land in freshly mapped pages, each
 /// zeroed by the kernel on first touch (about 2% of a scale-1 replay's samples).
-fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>) {
+fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>, backlog: &Backlog) {
     let mut writer: Option<ColumnParallelWriter> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
@@ -210,6 +284,8 @@ fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>) {
                         Err(_) => break,
                     }
                 }
+                // Off the queue: room for as many rows more.
+                backlog.release(group_rows);
                 if failed.is_some() {
                     continue;
                 }
@@ -642,6 +718,40 @@ impl ParquetSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The encoder's queue holds at most `QUEUE_ROWS` rows (one chunk of any size when it
+    /// is empty), waits for the encoder to take rows off, and lets nobody wait for an
+    /// encoder that ended.
+    #[test]
+    fn the_backlog_bounds_queued_rows() {
+        let backlog = Arc::new(Backlog::default());
+        assert!(
+            backlog.admit(QUEUE_ROWS * 3),
+            "an empty queue takes any chunk"
+        );
+        backlog.release(QUEUE_ROWS * 3);
+        assert!(backlog.admit(QUEUE_ROWS - 10));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = {
+            let backlog = Arc::clone(&backlog);
+            std::thread::spawn(move || {
+                let admitted = backlog.admit(20);
+                tx.send(()).unwrap();
+                admitted
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "20 more rows wait for room");
+        backlog.release(100);
+        assert!(waiting.join().unwrap(), "admitted once rows were taken off");
+        let stuck = {
+            let backlog = Arc::clone(&backlog);
+            std::thread::spawn(move || backlog.admit(QUEUE_ROWS))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        backlog.close();
+        assert!(!stuck.join().unwrap(), "a closed queue admits nothing");
+    }
     use crate::store::io::RealIo;
     use arrow_array::{
         BinaryArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
