@@ -327,7 +327,8 @@ fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>, backl
                 let result = match (failed.take(), writer.take()) {
                     (Some(e), _) => Err(e),
                     (None, Some(w)) => w.finish(),
-                    (None, None) => Ok(Vec::new()),
+                    // An empty file: the spare buffer keeps its capacity.
+                    (None, None) => Ok(std::mem::take(&mut spare)),
                 }
                 .and_then(|mut bytes| {
                     let written = write_synced(io, &path, &bytes);

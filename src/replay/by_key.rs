@@ -727,21 +727,18 @@ mod tests {
         assert!(!mix64_exact(&schema(&[DataType::Int64, list])));
     }
 
-    #[test]
-    fn pushed_rows_carry_their_certificate_hashes() {
+    /// Hashed rows of the testing table keyed by `k`, sorted in `partitions` with `budget`.
+    fn hashed_rows(dir: &Path, budget: usize, partitions: usize) -> KeyedChanges {
         let table = crate::replay::testing::schema();
         let pk = PrimaryKey::new(&table, vec![crate::key::KeyColumn::asc("k")]).unwrap();
+        let config = SortConfig::for_budget(budget);
+        KeyedChanges::new(&table, &pk, Payload::Hash, dir, "t", config, partitions).unwrap()
+    }
+
+    #[test]
+    fn pushed_rows_carry_their_certificate_hashes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut rows = KeyedChanges::new(
-            &table,
-            &pk,
-            Payload::Hash,
-            dir.path(),
-            "t",
-            SortConfig::for_budget(1 << 20),
-            1,
-        )
-        .unwrap();
+        let mut rows = hashed_rows(dir.path(), 1 << 20, 1);
         assert_eq!(rows.certificate_hashes(), None, "nothing pushed yet");
         let batch = crate::replay::testing::rows("1 a\n2 b\n3 NULL");
         rows.push_snapshot(Path::new("s"), 0, &batch)
@@ -756,8 +753,6 @@ mod tests {
     #[test]
     fn partitions_report_the_first_violation_of_all_keys() {
         use rand::{Rng, SeedableRng};
-        let table = crate::replay::testing::schema();
-        let pk = PrimaryKey::new(&table, vec![crate::key::KeyColumn::asc("k")]).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         let mut duplicates = 0;
         for case in 0..30 {
@@ -772,16 +767,7 @@ mod tests {
                 .collect();
             let report = |partitions: usize| {
                 let dir = tempfile::tempdir().unwrap();
-                let mut rows = KeyedChanges::new(
-                    &table,
-                    &pk,
-                    Payload::Hash,
-                    dir.path(),
-                    "t",
-                    SortConfig::for_budget(4 << 10),
-                    partitions,
-                )
-                .unwrap();
+                let mut rows = hashed_rows(dir.path(), 4 << 10, partitions);
                 let mut first_row = 0;
                 for batch in &batches {
                     rows.push_snapshot(Path::new("snapshot/a.parquet"), first_row, batch)

@@ -380,21 +380,30 @@ fn in_order(keys: &[BinaryArray]) -> bool {
 /// sorted array, and only rows whose prefixes tie compare their whole keys. Rows already in
 /// order are left as they are, without a sort.
 fn sort_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
-    let too_many = || internal!("more than 2^32 rows or batches in one sort run");
     if in_order(keys) {
         let mut order = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
         for (b, k) in keys.iter().enumerate() {
-            let b = u32::try_from(b).map_err(|_| too_many())?;
-            let n = u32::try_from(k.len()).map_err(|_| too_many())?;
+            let b = u32::try_from(b).map_err(|_| too_many_rows())?;
+            let n = u32::try_from(k.len()).map_err(|_| too_many_rows())?;
             order.extend((0..n).map(|r| (b, r)));
         }
         return Ok(order);
     }
+    sorted_order(keys)
+}
+
+/// The error of a sort run past 32-bit row numbers.
+fn too_many_rows() -> Error {
+    internal!("more than 2^32 rows or batches in one sort run")
+}
+
+/// [`sort_order`] of rows known to be out of order: always sorted.
+fn sorted_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
     let mut order: Vec<(KeyPrefix, u32, u32)> =
         Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
     for (b, k) in keys.iter().enumerate() {
-        let b = u32::try_from(b).map_err(|_| too_many())?;
-        let n = u32::try_from(k.len()).map_err(|_| too_many())?;
+        let b = u32::try_from(b).map_err(|_| too_many_rows())?;
+        let n = u32::try_from(k.len()).map_err(|_| too_many_rows())?;
         order.extend((0..n).map(|r| (KeyPrefix::of(k.value(r as usize)), b, r)));
     }
     // Equal keys keep their push order, `(batch, row)`, the last tie-break: the result of a
@@ -468,7 +477,7 @@ fn spill(
         if let Some(open) = open {
             closed.push(open.close(spilled)?);
         }
-        let order = sort_order(&keys)?;
+        let order = sorted_order(&keys)?;
         drop(keys);
         let mut writer = RunWriter::create(&path, schema)?;
         for chunk in order.chunks(batch_rows) {
