@@ -15,7 +15,8 @@
 //! is split by extra barriers). When the changelog is exhausted, barriers keep coming at the
 //! interval until the backfill reports it has finished; then one last checkpoint barrier
 //! carries `Stop`. The consumer commits every checkpoint: prepare the file, commit the store
-//! (with the job record below), publish the file.
+//! (with the job record below), publish the file; on a blocking thread, while the consumer
+//! goes on with the next epoch's chunks (one commit at a time, in epoch order).
 //!
 //! At most [`MAX_BARRIERS_IN_FLIGHT`] barriers are between the source and the consumer's
 //! commit: a barrier interval shorter than a checkpoint's cost spaces barriers by that cost
@@ -52,7 +53,7 @@ use crate::backfill::{BackfillConfig, SnapshotOrder};
 use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::job::barrier::{BarrierInjector, InFlight};
-use crate::job::sink::ParquetSink;
+use crate::job::sink::{ParquetSink, Prepared, Preparing};
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
 use crate::replay::Dataset;
@@ -780,6 +781,13 @@ impl<'a, S: StateStore> Job<'a, S> {
 
     /// Runs the backfill over the source's messages and commits its checkpoints, until the
     /// final `Stop` barrier, an error or an interruption.
+    ///
+    /// A checkpoint commits off this loop ([`Committing`]): the loop goes on taking the next
+    /// epoch's chunks (into the sink's next file) while the encoder finishes the checkpoint's
+    /// file, the store commits and the file is published, so neither the backfill nor the
+    /// encoder waits for a commit. One commit at a time, in epoch order: the next checkpoint
+    /// barrier waits for the one before. However the loop ends, a commit under way is waited
+    /// for before this returns (nothing writes after the job reports).
     #[expect(
         clippy::too_many_arguments,
         reason = "the job's parts, borrowed from `run`"
@@ -794,11 +802,40 @@ impl<'a, S: StateStore> Job<'a, S> {
         sink: &mut ParquetSink,
         committed: u64,
         summary: &mut ReplaySummary,
+        on_progress: impl FnMut(&ReplayProgress),
+        interrupted: impl Future<Output = Interrupt>,
+    ) -> Result<()> {
+        let mut committing = None;
+        let mut loop_parts = DriveLoop {
+            downstream,
+            stats,
+            changes_rx,
+            applied_at,
+            collected,
+            sink,
+            summary,
+            committing: &mut committing,
+        };
+        let result = self
+            .drive_loop(&mut loop_parts, committed, on_progress, interrupted)
+            .await;
+        if let Some(commit) = committing.take() {
+            // Only an error leaves one: its outcome no longer matters, its end does.
+            let _ = commit.task.await;
+        }
+        result
+    }
+
+    /// [`Job::drive`]'s loop; a commit it leaves under way is the caller's to wait for.
+    async fn drive_loop(
+        &self,
+        parts: &mut DriveLoop<'_>,
+        committed: u64,
         mut on_progress: impl FnMut(&ReplayProgress),
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<()> {
         let store = &self.store;
-        let job_progress = downstream.progress();
+        let job_progress = parts.downstream.progress();
         let mut progress = ReplayProgress {
             snapshot_total: self.snapshot_rows,
             ..ReplayProgress::default()
@@ -809,26 +846,38 @@ impl<'a, S: StateStore> Job<'a, S> {
             let message = tokio::select! {
                 biased;
                 signal = &mut interrupted => {
+                    if let Some(commit) = parts.committing.take() {
+                        // Report the epoch committed once the commit under way has ended.
+                        let _ = commit.task.await;
+                    }
                     return Err(Error::Interrupted {
                         signal: signal.name(),
                         code: signal.exit_code(),
                         committed: store.committed_epoch()?,
                     });
                 }
-                message = downstream.next() => message,
+                outcome = commit_done(parts.committing), if parts.committing.is_some() => {
+                    self.settle(parts, Some(outcome)).await?;
+                    continue;
+                }
+                message = parts.downstream.next() => message,
             };
-            let Some(message) = message else { break };
+            let Some(message) = message else {
+                self.settle(parts, None).await?;
+                break;
+            };
             match message? {
-                Message::Chunk(chunk) => sink.push(open_epoch, chunk)?,
+                Message::Chunk(chunk) => parts.sink.push(open_epoch, chunk)?,
                 Message::Watermark(_) => {}
                 Message::Barrier(barrier) => {
-                    summary.epochs += 1;
+                    parts.summary.epochs += 1;
                     open_epoch = barrier.epoch.curr;
                     let prev = barrier.epoch.prev;
                     if barrier.is_checkpoint() && prev > committed {
+                        // One commit at a time, in epoch order.
+                        self.settle(parts, None).await?;
                         let rows = {
-                            let mut map = applied_at
-                                .lock()
+                            let mut map = (parts.applied_at.lock())
                                 .map_err(|_| internal!("applied map poisoned"))?;
                             let rows = map.get(&prev).copied().ok_or_else(|| {
                                 internal!("no changelog position for epoch {prev}")
@@ -836,32 +885,125 @@ impl<'a, S: StateStore> Job<'a, S> {
                             *map = map.split_off(&(prev + 1));
                             rows
                         };
-                        store.stage_meta(META_APPLIED, &rows.to_string())?;
-                        if barrier.mutation == Some(Mutation::Stop) {
-                            store.stage_meta(META_FINISHED, "true")?;
+                        let stop = barrier.mutation == Some(Mutation::Stop);
+                        let preparing = parts.sink.start_prepare(prev)?;
+                        let store = store.clone();
+                        let task = tokio::task::spawn_blocking(move || {
+                            commit_checkpoint(&store, prev, rows, stop, preparing)
+                        });
+                        *parts.committing = Some(Committing {
+                            epoch: prev,
+                            stop,
+                            later_barriers: 0,
+                            task,
+                        });
+                        if stop {
+                            self.settle(parts, None).await?;
                         }
-                        let prepared = sink.prepare(prev)?;
-                        store.commit(prev)?;
-                        downstream.committed(prev);
-                        if let Some(prepared) = prepared {
-                            sink.publish(prepared)?;
-                        }
-                        summary.checkpoints += 1;
-                        if barrier.mutation == Some(Mutation::Stop) {
-                            summary.certificate = Some(self.certify(prev, sink)?);
-                        }
+                    } else if let Some(commit) = parts.committing.as_mut() {
+                        commit.later_barriers += 1;
+                    } else {
+                        parts.collected.send_modify(|n| *n += 1);
                     }
-                    collected.send_modify(|n| *n += 1);
                 }
             }
-            progress.backfill = stats.borrow().clone();
+            progress.backfill = parts.stats.borrow().clone();
             progress.job = job_progress.borrow().clone();
-            progress.upstream_changes = *changes_rx.borrow();
-            progress.output_rows = sink.rows_published();
+            progress.upstream_changes = *parts.changes_rx.borrow();
+            progress.output_rows = parts.sink.rows_published();
             on_progress(&progress);
         }
         Ok(())
     }
+
+    /// Waits for the commit under way, if any, and accounts for it: the runtime learns the
+    /// epoch is committed, the sink counts its file, its barrier (and the ones that came
+    /// during it) are collected, and the final checkpoint gets its certificate. `outcome`:
+    /// the commit's, when already taken from its task.
+    async fn settle(
+        &self,
+        parts: &mut DriveLoop<'_>,
+        outcome: Option<CommitOutcome>,
+    ) -> Result<()> {
+        let Some(commit) = parts.committing.take() else {
+            return Ok(());
+        };
+        let outcome = match outcome {
+            Some(outcome) => outcome,
+            None => commit.task.await,
+        };
+        let prepared = outcome
+            .map_err(|e| internal!("the commit of checkpoint {} failed: {e}", commit.epoch))??;
+        parts.downstream.committed(commit.epoch);
+        if let Some(prepared) = prepared {
+            parts.sink.published(prepared)?;
+        }
+        parts.summary.checkpoints += 1;
+        if commit.stop {
+            parts.summary.certificate = Some(self.certify(commit.epoch, parts.sink)?);
+        }
+        parts
+            .collected
+            .send_modify(|n| *n += 1 + commit.later_barriers);
+        Ok(())
+    }
+}
+
+/// The parts of a job the consumer's loop drives.
+struct DriveLoop<'a> {
+    downstream: &'a mut ParallelBackfill,
+    stats: &'a watch::Receiver<BackfillStats>,
+    changes_rx: &'a watch::Receiver<u64>,
+    /// Per epoch, the changelog rows applied by its end.
+    applied_at: &'a Mutex<BTreeMap<u64, u64>>,
+    collected: &'a watch::Sender<u64>,
+    sink: &'a mut ParquetSink,
+    summary: &'a mut ReplaySummary,
+    committing: &'a mut Option<Committing>,
+}
+
+/// The outcome of the commit under way, once it has ended (never, without one).
+async fn commit_done(committing: &mut Option<Committing>) -> CommitOutcome {
+    match committing {
+        Some(commit) => (&mut commit.task).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a commit's blocking task returns: the published file, if the checkpoint had one.
+type CommitOutcome = std::result::Result<Result<Option<Prepared>>, tokio::task::JoinError>;
+
+/// A checkpoint committing on a blocking thread ([`commit_checkpoint`]).
+struct Committing {
+    epoch: u64,
+    /// Whether it is the final (`Stop`) checkpoint.
+    stop: bool,
+    /// Barriers that reached the consumer after this checkpoint's: collected with it, so
+    /// that the source never has more than [`MAX_BARRIERS_IN_FLIGHT`] uncommitted.
+    later_barriers: u64,
+    task: tokio::task::JoinHandle<Result<Option<Prepared>>>,
+}
+
+/// Commits checkpoint `epoch` (two-phase, see [`ParquetSink`]): waits for its file (if it has
+/// one) to be written and synced, commits the store with the job record (`rows` of the
+/// changelog applied; finished, at the final checkpoint), then makes the file visible.
+fn commit_checkpoint<S: StateStore>(
+    store: &S,
+    epoch: u64,
+    rows: u64,
+    stop: bool,
+    preparing: Option<Preparing>,
+) -> Result<Option<Prepared>> {
+    let prepared = preparing.map(Preparing::wait).transpose()?;
+    store.stage_meta(META_APPLIED, &rows.to_string())?;
+    if stop {
+        store.stage_meta(META_FINISHED, "true")?;
+    }
+    store.commit(epoch)?;
+    if let Some(prepared) = &prepared {
+        prepared.reveal()?;
+    }
+    Ok(prepared)
 }
 
 /// Aborts a task when dropped.

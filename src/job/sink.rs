@@ -23,10 +23,13 @@
 //! [`StorageIo`] seam, so fault-injection tests reach them too.
 //!
 //! Encoding (the changelog layout, Parquet, zstd) runs on the sink's own thread as chunks
-//! arrive, into memory: `prepare` waits for the epoch's last chunk to be encoded, then writes
-//! the bytes and fsyncs. The backfill never waits on zstd, only on a full queue of chunks
-//! (so a slow encoder slows the backfill instead of growing a queue), and the file
-//! operations stay on the caller's thread, in the protocol's order.
+//! arrive, into memory. [`ParquetSink::start_prepare`] closes the epoch's file at its place in
+//! the queue and returns at once: the chunks pushed after it go to the next file while
+//! [`Preparing::wait`] (on whichever thread commits) waits for the bytes, writes and fsyncs
+//! them. The backfill never waits on zstd, only on a full queue of chunks (so a slow encoder
+//! slows the backfill instead of growing a queue), and the encoder never waits on a write;
+//! the file operations of one checkpoint run on the committing thread, in the protocol's
+//! order.
 //!
 //! Statistics: every column of a file keeps min/max statistics (per column chunk and page)
 //! except the string and binary columns outside the primary key (named with
@@ -78,15 +81,72 @@ pub fn parse_name(name: &str) -> Option<(u64, bool)> {
         .flatten()
 }
 
+/// A checkpoint file the encoder is finishing ([`ParquetSink::start_prepare`]).
+#[derive(Debug)]
+#[must_use = "a file being prepared is waited for, then published after the store commits"]
+pub struct Preparing {
+    io: Arc<dyn StorageIo>,
+    dir: PathBuf,
+    tmp: PathBuf,
+    path: PathBuf,
+    answer: Receiver<Result<Finished>>,
+    /// Where the file's buffer goes back once written, for a later file.
+    spare: Sender<Vec<u8>>,
+}
+
+impl Preparing {
+    /// Waits until the file is encoded, then writes and syncs it. On error the `.tmp` is
+    /// removed.
+    pub fn wait(self) -> Result<Prepared> {
+        let result = (self.answer.recv())
+            .map_err(|_| internal!("the sink's encoder thread stopped"))?
+            .and_then(|(mut bytes, rows, digest)| {
+                let written = write_synced(self.io.as_ref(), &self.tmp, &bytes);
+                bytes.clear();
+                // The encoder may be gone (the job ending): the buffer is then dropped.
+                let _ = self.spare.send(bytes);
+                written.map(|()| (rows, digest))
+            });
+        match result {
+            Ok((rows, digest)) => Ok(Prepared {
+                io: self.io,
+                dir: self.dir,
+                tmp: self.tmp,
+                path: self.path,
+                rows,
+                digest,
+            }),
+            Err(e) => {
+                // A write that failed may have left part of the file. (Its I/O errors name
+                // the file already.)
+                let _ = self.io.remove(&self.tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
 /// A prepared, not yet published, checkpoint file.
 #[derive(Debug)]
 #[must_use = "a prepared file is published after the store commits"]
 pub struct Prepared {
+    io: Arc<dyn StorageIo>,
+    dir: PathBuf,
     tmp: PathBuf,
     path: PathBuf,
     rows: u64,
     /// The file's digest, when the sink digests what it writes.
     digest: Option<TableDigest>,
+}
+
+impl Prepared {
+    /// Makes the file visible (a rename and a sync of the directory): phase two, after the
+    /// store committed. [`ParquetSink::published`] counts it in.
+    pub fn reveal(&self) -> Result<()> {
+        self.io.rename(&self.tmp, &self.path)?;
+        self.io.sync_dir(&self.dir)?;
+        Ok(())
+    }
 }
 
 /// What [`ParquetSink::open`] did to an earlier run's output.
@@ -174,37 +234,40 @@ enum Job {
     KeyColumns(Vec<String>),
     /// Encode a chunk emitted in an epoch into the current file.
     Chunk(u64, StreamChunk),
-    /// Finish the current file, write it to this path (synced) and hand over its rows and
-    /// digest.
-    Finish(PathBuf, SyncSender<Result<Finished>>),
+    /// Finish the current file and hand over its bytes, rows and digest.
+    Finish(SyncSender<Result<Finished>>),
 }
 
-/// A finished file, written: its rows and, when digesting, its digest.
-type Finished = (u64, Option<TableDigest>);
+/// A finished file: its bytes, its rows and, when digesting, its digest.
+type Finished = (Vec<u8>, u64, Option<TableDigest>);
 
-/// The encoder thread: chunks in, one Parquet file written per `Finish`.
+/// The encoder thread: chunks in, one Parquet file's bytes out per `Finish`.
 #[derive(Debug)]
 struct Encoder {
     tx: Option<Sender<Job>>,
     backlog: Arc<Backlog>,
+    /// Where written files' buffers go back to the encoder.
+    spare: Sender<Vec<u8>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Encoder {
-    fn start(schema: SchemaRef, io: Arc<dyn StorageIo>) -> Result<Self> {
+    fn start(schema: SchemaRef) -> Result<Self> {
         let (tx, rx) = channel::<Job>();
+        let (spare, spares) = channel::<Vec<u8>>();
         let backlog = Arc::new(Backlog::default());
         let queue = Arc::clone(&backlog);
         let thread = std::thread::Builder::new()
             .name("backfill-sink".into())
             .spawn(move || {
                 let _close = CloseOnDrop(Arc::clone(&queue));
-                encode_loop(&schema, io.as_ref(), &rx, &queue);
+                encode_loop(&schema, &rx, &queue, &spares);
             })
             .map_err(Error::Io)?;
         Ok(Self {
             tx: Some(tx),
             backlog,
+            spare,
             thread: Some(thread),
         })
     }
@@ -241,18 +304,23 @@ const GROUP_ROWS: usize = 16 * 1024;
 /// Chunks that wait in the queue are taken together (up to [`GROUP_ROWS`]) and encoded as
 /// one group: the columns in parallel ([`ColumnParallelWriter`]), the digest beside them.
 ///
-/// A file is encoded into memory, then written out here: one buffer serves every file (it
-/// grows to the largest), so the files' bytes never land in freshly mapped pages, each
-/// zeroed by the kernel on first touch (about 2% of a scale-1 replay's samples).
-fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>, backlog: &Backlog) {
+/// A file is encoded into memory and handed over whole (written by [`Preparing::wait`],
+/// off this thread, which goes on with the next file meanwhile). Its buffer comes back
+/// through `spares` and serves a later file (two at most are in use: one written, one being
+/// encoded), so the files' bytes rarely land in freshly mapped pages, each zeroed by the
+/// kernel on first touch (about 2% of a scale-1 replay's samples).
+fn encode_loop(
+    schema: &SchemaRef,
+    rx: &Receiver<Job>,
+    backlog: &Backlog,
+    spares: &Receiver<Vec<u8>>,
+) {
     let mut writer: Option<ColumnParallelWriter> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
     let mut dictionaries = DictionaryChoice::default();
     let mut key_columns: Vec<String> = Vec::new();
-    // The buffer of the next file (empty, with the capacity of the largest file so far).
-    let mut spare: Vec<u8> = Vec::new();
     let mut next: Option<Job> = None;
     loop {
         let job = match next.take() {
@@ -298,7 +366,7 @@ fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>, backl
                         None => {
                             let props = writer_properties(schema, &dictionaries, &key_columns)?;
                             writer.insert(ColumnParallelWriter::try_new(
-                                std::mem::take(&mut spare),
+                                spares.try_recv().unwrap_or_default(),
                                 Arc::clone(schema),
                                 props,
                             )?)
@@ -323,23 +391,16 @@ fn encode_loop(schema: &SchemaRef, io: &dyn StorageIo, rx: &Receiver<Job>, backl
                     Err(e) => failed = Some(e),
                 }
             }
-            Job::Finish(path, reply) => {
+            Job::Finish(reply) => {
                 let result = match (failed.take(), writer.take()) {
                     (Some(e), _) => Err(e),
                     (None, Some(w)) => w.finish(),
-                    // An empty file: the spare buffer keeps its capacity.
-                    (None, None) => Ok(std::mem::take(&mut spare)),
-                }
-                .and_then(|mut bytes| {
-                    let written = write_synced(io, &path, &bytes);
-                    bytes.clear();
-                    spare = bytes;
-                    written
-                });
+                    (None, None) => Ok(Vec::new()),
+                };
                 let file_digest = digest.as_mut().map(|(desc, digest)| {
                     std::mem::replace(digest, TableDigest::new(desc.vnode_count()))
                 });
-                let _ = reply.send(result.map(|()| (rows, file_digest)));
+                let _ = reply.send(result.map(|bytes| (bytes, rows, file_digest)));
                 rows = 0;
             }
         }
@@ -602,7 +663,7 @@ impl ParquetSink {
             io.sync_dir(&dir)?;
         }
         Ok(Self {
-            encoder: Encoder::start(changelog_schema(table_schema, true), io.clone())?,
+            encoder: Encoder::start(changelog_schema(table_schema, true))?,
             io,
             dir,
             pending: false,
@@ -659,7 +720,16 @@ impl ParquetSink {
 
     /// Phase one: writes and fsyncs the buffered changes as the (hidden) file of checkpoint
     /// `epoch`. `None` when there is nothing to write. On error the `.tmp` is removed.
+    /// (The replay overlaps the phases with the next epoch: [`ParquetSink::start_prepare`].)
+    #[cfg(test)]
     pub fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>> {
+        self.start_prepare(epoch)?.map(Preparing::wait).transpose()
+    }
+
+    /// [`ParquetSink::prepare`] without waiting: the encoder finishes the file of `epoch`
+    /// after the chunks already pushed, while this sink takes the chunks of the next epoch
+    /// (they go to the next file). [`Preparing::wait`] waits for the file.
+    pub fn start_prepare(&mut self, epoch: u64) -> Result<Option<Preparing>> {
         if !self.pending {
             return Ok(None);
         }
@@ -667,30 +737,26 @@ impl ParquetSink {
         let path = self.dir.join(file_name(epoch));
         let tmp = self.dir.join(tmp_name(epoch));
         let (reply, answer) = sync_channel(1);
-        self.encoder.send(Job::Finish(tmp.clone(), reply))?;
-        let result = answer
-            .recv()
-            .map_err(|_| internal!("the sink's encoder thread stopped"))?;
-        match result {
-            Ok((rows, digest)) => Ok(Some(Prepared {
-                tmp,
-                path,
-                rows,
-                digest,
-            })),
-            Err(e) => {
-                // A write that failed may have left part of the file. (Its I/O errors name
-                // the file already.)
-                let _ = self.io.remove(&tmp);
-                Err(e)
-            }
-        }
+        self.encoder.send(Job::Finish(reply))?;
+        Ok(Some(Preparing {
+            io: Arc::clone(&self.io),
+            dir: self.dir.clone(),
+            tmp,
+            path,
+            answer,
+            spare: self.encoder.spare.clone(),
+        }))
     }
 
     /// Phase two, after the store committed: makes the file visible.
+    #[cfg(test)]
     pub fn publish(&mut self, prepared: Prepared) -> Result<()> {
-        self.io.rename(&prepared.tmp, &prepared.path)?;
-        self.io.sync_dir(&self.dir)?;
+        prepared.reveal()?;
+        self.published(prepared)
+    }
+
+    /// Counts in the file of `prepared`, made visible with [`Prepared::reveal`].
+    pub fn published(&mut self, prepared: Prepared) -> Result<()> {
         self.rows_published += prepared.rows;
         self.files_published += 1;
         if let (Some(all), Some(file)) = (&mut self.published_digest, &prepared.digest) {
@@ -1037,6 +1103,62 @@ mod tests {
         assert_eq!(statistics(&["name"]), with(&["name"]));
         assert_eq!(statistics(&["n", "raw"]), with(&["raw"]));
         assert_eq!(statistics(&[]), with(&[]));
+    }
+
+    #[test]
+    fn the_next_epoch_goes_to_the_next_file_while_one_is_prepared() {
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
+        let chunk = |text: &str| StreamChunk::from_text(&schema(), text).unwrap();
+        let keys = |epoch: u64| -> Vec<(u64, i64)> {
+            let file = File::open(sink_dir(out.path()).join(file_name(epoch))).unwrap();
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap()
+                .build()
+                .unwrap();
+            let mut rows = Vec::new();
+            for batch in reader {
+                let batch = batch.unwrap();
+                let epochs = batch
+                    .column(0)
+                    .as_primitive::<arrow_array::types::UInt64Type>();
+                let keys = batch
+                    .column(2)
+                    .as_primitive::<arrow_array::types::Int64Type>();
+                rows.extend(
+                    epochs
+                        .values()
+                        .iter()
+                        .copied()
+                        .zip(keys.values().iter().copied()),
+                );
+            }
+            rows
+        };
+        sink.push(2, chunk("+ 1\n+ 2")).unwrap();
+        let first = sink.start_prepare(2).unwrap().unwrap();
+        // Chunks of epoch 3 while the file of 2 is finishing (and again once written).
+        sink.push(3, chunk("+ 3")).unwrap();
+        let first = first.wait().unwrap();
+        sink.push(3, chunk("+ 4")).unwrap();
+        let second = sink.start_prepare(3).unwrap().unwrap();
+        assert!(
+            sink.start_prepare(4).unwrap().is_none(),
+            "nothing pushed since"
+        );
+        let second = second.wait().unwrap();
+        second.reveal().unwrap();
+        first.reveal().unwrap();
+        sink.published(first).unwrap();
+        sink.published(second).unwrap();
+        assert_eq!(sink.rows_published(), 4);
+        assert_eq!(keys(2), [(2, 1), (2, 2)]);
+        assert_eq!(keys(3), [(3, 3), (3, 4)]);
+        assert_eq!(names(&sink_dir(out.path())), [file_name(2), file_name(3)]);
+    }
+
+    fn sink_dir(out: &Path) -> PathBuf {
+        out.join("changes")
     }
 
     #[test]
