@@ -1,4 +1,4 @@
-//! A Parquet file writer that encodes its columns in parallel, in memory.
+//! A Parquet file writer that encodes its columns in parallel.
 //!
 //! The sink's encoding (statistics, dictionaries, delta packing, zstd) is the replay's
 //! longest single thread: on one core it kept the backfill waiting (lineitem scale 1, see
@@ -17,6 +17,8 @@
 //!                               leaf n ──▶ writer n ─┘
 //! ```
 
+use std::io::Write;
+
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
@@ -29,8 +31,10 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
-/// Writes one Parquet file into a `Vec<u8>`, its columns encoded in parallel (on rayon's
-/// global pool): the file [`ArrowWriter`] writes from the same batches and properties.
+/// Writes one Parquet file into `W` (a `Vec<u8>`, a file), its columns encoded in parallel
+/// (on rayon's global pool): the file [`ArrowWriter`] writes from the same batches and
+/// properties. Each row group goes to `W` when it is closed, so memory holds one row group's
+/// encoded pages, not the file.
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -57,8 +61,8 @@ use crate::error::{Error, Result};
 /// assert_eq!(&bytes[..4], b"PAR1");
 /// # Ok::<(), arrangement_backfill::Error>(())
 /// ```
-pub struct ColumnParallelWriter {
-    file: SerializedFileWriter<Vec<u8>>,
+pub struct ColumnParallelWriter<W: Write + Send = Vec<u8>> {
+    file: SerializedFileWriter<W>,
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
     /// The column writers of the row group being written, one per leaf.
@@ -71,7 +75,7 @@ pub struct ColumnParallelWriter {
     groups: usize,
 }
 
-impl std::fmt::Debug for ColumnParallelWriter {
+impl<W: Write + Send> std::fmt::Debug for ColumnParallelWriter<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ColumnParallelWriter")
             .field("group_rows", &self.group_rows)
@@ -80,16 +84,15 @@ impl std::fmt::Debug for ColumnParallelWriter {
     }
 }
 
-impl ColumnParallelWriter {
-    /// A writer of `schema` with `props` into `buffer` (its capacity is kept: a buffer sized
-    /// like the last file spares the copies of a growing one).
-    pub fn try_new(buffer: Vec<u8>, schema: SchemaRef, props: WriterProperties) -> Result<Self> {
+impl<W: Write + Send> ColumnParallelWriter<W> {
+    /// A writer of `schema` with `props` into `out`.
+    pub fn try_new(out: W, schema: SchemaRef, props: WriterProperties) -> Result<Self> {
         let max_group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
         // ArrowWriter derives the Parquet schema and embeds the Arrow schema in the footer's
         // metadata, as for a file it writes itself; with nothing written it has no row group
         // to flush.
         let (file, factory) =
-            ArrowWriter::try_new(buffer, schema.clone(), Some(props))?.into_serialized_writer()?;
+            ArrowWriter::try_new(out, schema.clone(), Some(props))?.into_serialized_writer()?;
         Ok(Self {
             file,
             factory,
@@ -129,8 +132,8 @@ impl ColumnParallelWriter {
         Ok(())
     }
 
-    /// Finishes the file (the last row group and the footer) and returns its bytes.
-    pub fn finish(mut self) -> Result<Vec<u8>> {
+    /// Finishes the file (the last row group and the footer), flushes it and returns `W`.
+    pub fn finish(mut self) -> Result<W> {
         self.flush_group()?;
         Ok(self.file.into_inner()?)
     }

@@ -23,13 +23,21 @@
 //! [`StorageIo`] seam, so fault-injection tests reach them too.
 //!
 //! Encoding (the changelog layout, Parquet, zstd) runs on the sink's own thread as chunks
-//! arrive, into memory. [`ParquetSink::start_prepare`] closes the epoch's file at its place in
-//! the queue and returns at once: the chunks pushed after it go to the next file while
-//! [`Preparing::wait`] (on whichever thread commits) waits for the bytes, writes and fsyncs
-//! them. The backfill never waits on zstd, only on a full queue of chunks (so a slow encoder
-//! slows the backfill instead of growing a queue), and the encoder never waits on a write;
-//! the file operations of one checkpoint run on the committing thread, in the protocol's
-//! order.
+//! arrive, straight into the file: the encoder creates a `.tmp` named after the epoch of the
+//! file's first chunk and appends each row group as it closes, so memory holds one row
+//! group, not the file (a checkpoint that takes most of the snapshot is tens of MB).
+//! [`ParquetSink::start_prepare`] closes the epoch's file at its place in the queue and
+//! returns at once: the chunks pushed after it go to the next file while
+//! [`Preparing::wait`] (on whichever thread commits) waits for the footer, fsyncs the file
+//! and, when the checkpoint's epoch is a later one than its first chunk's, renames it to the
+//! checkpoint's `.tmp` and fsyncs the directory. The backfill never waits on zstd, only on a
+//! full queue of chunks (so a slow encoder slows the backfill instead of growing a queue),
+//! and the encoder never waits on an fsync.
+//!
+//! A file being written is always named after an epoch above the last prepared checkpoint
+//! (its first chunk's), so recovery removes it as uncommitted, like any `.tmp` the store did
+//! not commit. A file whose encoding fails, or that the job leaves unfinished, is removed by
+//! the encoder.
 //!
 //! Statistics: every column of a file keeps min/max statistics (per column chunk and page)
 //! except the string and binary columns outside the primary key (named with
@@ -56,7 +64,7 @@ use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::job::column_writer::ColumnParallelWriter;
-use crate::store::io::{StorageIo, named};
+use crate::store::io::{StorageIo, WriteFile, named};
 use crate::table::TableDesc;
 
 /// The output file name of a checkpoint epoch.
@@ -90,39 +98,44 @@ pub struct Preparing {
     tmp: PathBuf,
     path: PathBuf,
     answer: Receiver<Result<Finished>>,
-    /// Where the file's buffer goes back once written, for a later file.
-    spare: Sender<Vec<u8>>,
 }
 
 impl Preparing {
-    /// Waits until the file is encoded, then writes and syncs it. On error the `.tmp` is
-    /// removed.
+    /// Waits until the file is encoded, then fsyncs it (and gives it the checkpoint's
+    /// `.tmp` name). On error the file is removed.
     pub fn wait(self) -> Result<Prepared> {
-        let result = (self.answer.recv())
-            .map_err(|_| internal!("the sink's encoder thread stopped"))?
-            .and_then(|(mut bytes, rows, digest)| {
-                let written = write_synced(self.io.as_ref(), &self.tmp, &bytes);
-                bytes.clear();
-                // The encoder may be gone (the job ending): the buffer is then dropped.
-                let _ = self.spare.send(bytes);
-                written.map(|()| (rows, digest))
-            });
-        match result {
-            Ok((rows, digest)) => Ok(Prepared {
-                io: self.io,
-                dir: self.dir,
-                tmp: self.tmp,
-                path: self.path,
-                rows,
-                digest,
-            }),
-            Err(e) => {
-                // A write that failed may have left part of the file. (Its I/O errors name
-                // the file already.)
-                let _ = self.io.remove(&self.tmp);
-                Err(e)
+        let finished =
+            (self.answer.recv()).map_err(|_| internal!("the sink's encoder thread stopped"))??;
+        let Finished {
+            mut file,
+            written,
+            rows,
+            digest,
+        } = finished;
+        let synced = (|| -> Result<()> {
+            file.sync().map_err(|e| named(&written, e))?;
+            drop(file);
+            if written != self.tmp {
+                self.io.rename(&written, &self.tmp)?;
+                // The store's commit must find the file under the checkpoint's name.
+                self.io.sync_dir(&self.dir)?;
             }
+            Ok(())
+        })();
+        if let Err(e) = synced {
+            // Whichever name it has now. (Its I/O errors name the file already.)
+            let _ = self.io.remove(&written);
+            let _ = self.io.remove(&self.tmp);
+            return Err(e);
         }
+        Ok(Prepared {
+            io: self.io,
+            dir: self.dir,
+            tmp: self.tmp,
+            path: self.path,
+            rows,
+            digest,
+        })
     }
 }
 
@@ -234,40 +247,59 @@ enum Job {
     KeyColumns(Vec<String>),
     /// Encode a chunk emitted in an epoch into the current file.
     Chunk(u64, StreamChunk),
-    /// Finish the current file and hand over its bytes, rows and digest.
+    /// Finish the current file and hand it over, with its rows and digest.
     Finish(SyncSender<Result<Finished>>),
 }
 
-/// A finished file: its bytes, its rows and, when digesting, its digest.
-type Finished = (Vec<u8>, u64, Option<TableDigest>);
+/// A file the encoder finished (footer written, not yet fsynced).
+struct Finished {
+    file: Box<dyn WriteFile>,
+    /// Its name: the `.tmp` of its first chunk's epoch.
+    written: PathBuf,
+    rows: u64,
+    /// When digesting, the digest of its rows.
+    digest: Option<TableDigest>,
+}
 
-/// The encoder thread: chunks in, one Parquet file's bytes out per `Finish`.
+impl std::fmt::Debug for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finished")
+            .field("written", &self.written)
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the encoder writes its files.
+struct Target {
+    io: Arc<dyn StorageIo>,
+    dir: PathBuf,
+}
+
+/// The encoder thread: chunks in, one Parquet file out per `Finish`.
 #[derive(Debug)]
 struct Encoder {
     tx: Option<Sender<Job>>,
     backlog: Arc<Backlog>,
-    /// Where written files' buffers go back to the encoder.
-    spare: Sender<Vec<u8>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Encoder {
-    fn start(schema: SchemaRef) -> Result<Self> {
+    fn start(schema: SchemaRef, io: Arc<dyn StorageIo>, dir: PathBuf) -> Result<Self> {
         let (tx, rx) = channel::<Job>();
-        let (spare, spares) = channel::<Vec<u8>>();
         let backlog = Arc::new(Backlog::default());
         let queue = Arc::clone(&backlog);
+        let target = Target { io, dir };
         let thread = std::thread::Builder::new()
             .name("backfill-sink".into())
             .spawn(move || {
                 let _close = CloseOnDrop(Arc::clone(&queue));
-                encode_loop(&schema, &rx, &queue, &spares);
+                encode_loop(&schema, &target, &rx, &queue);
             })
             .map_err(Error::Io)?;
         Ok(Self {
             tx: Some(tx),
             backlog,
-            spare,
             thread: Some(thread),
         })
     }
@@ -304,18 +336,13 @@ const GROUP_ROWS: usize = 16 * 1024;
 /// Chunks that wait in the queue are taken together (up to [`GROUP_ROWS`]) and encoded as
 /// one group: the columns in parallel ([`ColumnParallelWriter`]), the digest beside them.
 ///
-/// A file is encoded into memory and handed over whole (written by [`Preparing::wait`],
-/// off this thread, which goes on with the next file meanwhile). Its buffer comes back
-/// through `spares` and serves a later file (two at most are in use: one written, one being
-/// encoded), so the files' bytes rarely land in freshly mapped pages, each zeroed by the
-/// kernel on first touch (about 2% of a scale-1 replay's samples).
-fn encode_loop(
-    schema: &SchemaRef,
-    rx: &Receiver<Job>,
-    backlog: &Backlog,
-    spares: &Receiver<Vec<u8>>,
-) {
-    let mut writer: Option<ColumnParallelWriter> = None;
+/// A file is created at its first chunk and written as its row groups close (see the
+/// module docs); it is handed over at `Finish` with its footer written, and fsynced by
+/// [`Preparing::wait`], off this thread, which goes on with the next file meanwhile. A file
+/// whose encoding or writing fails, or that is left unfinished when the sender goes, is
+/// removed.
+fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog: &Backlog) {
+    let mut current: Option<OpenFile> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
@@ -361,15 +388,11 @@ fn encode_loop(
                     let batches = (group.iter())
                         .map(|(epoch, chunk)| chunk.to_changelog(Some(*epoch)))
                         .collect::<Result<Vec<_>>>()?;
-                    let writer = match &mut writer {
-                        Some(w) => w,
+                    let open = match &mut current {
+                        Some(open) => open,
                         None => {
                             let props = writer_properties(schema, &dictionaries, &key_columns)?;
-                            writer.insert(ColumnParallelWriter::try_new(
-                                spares.try_recv().unwrap_or_default(),
-                                Arc::clone(schema),
-                                props,
-                            )?)
+                            current.insert(OpenFile::create(target, schema, epoch, props)?)
                         }
                     };
                     for batch in &batches {
@@ -383,27 +406,85 @@ fn encode_loop(
                         }
                         Ok(())
                     };
-                    let (written, digested) = rayon::join(|| writer.write(&batches), digested);
+                    let (written, digested) = rayon::join(|| open.writer.write(&batches), digested);
                     written.and(digested)
                 })();
                 match encoded {
                     Ok(()) => rows += group_rows as u64,
-                    Err(e) => failed = Some(e),
+                    Err(e) => {
+                        failed = Some(e);
+                        if let Some(open) = current.take() {
+                            open.discard(target);
+                        }
+                    }
                 }
             }
             Job::Finish(reply) => {
-                let result = match (failed.take(), writer.take()) {
-                    (Some(e), _) => Err(e),
-                    (None, Some(w)) => w.finish(),
-                    (None, None) => Ok(Vec::new()),
-                };
                 let file_digest = digest.as_mut().map(|(desc, digest)| {
                     std::mem::replace(digest, TableDigest::new(desc.vnode_count()))
                 });
-                let _ = reply.send(result.map(|bytes| (bytes, rows, file_digest)));
+                let result = match (failed.take(), current.take()) {
+                    (Some(e), _) => Err(e),
+                    (None, Some(open)) => open.finish(target).map(|(file, written)| Finished {
+                        file,
+                        written,
+                        rows,
+                        digest: file_digest,
+                    }),
+                    (None, None) => Err(internal!("a checkpoint file was closed with no rows")),
+                };
+                let _ = reply.send(result);
                 rows = 0;
             }
         }
+    }
+    // The job ended part way through a file: it will never be committed.
+    if let Some(open) = current.take() {
+        open.discard(target);
+    }
+}
+
+/// The file the encoder is writing.
+struct OpenFile {
+    writer: ColumnParallelWriter<Box<dyn WriteFile>>,
+    /// The `.tmp` of the epoch of its first chunk.
+    path: PathBuf,
+}
+
+impl OpenFile {
+    /// Creates the file of a checkpoint whose first chunk was emitted in `epoch`.
+    fn create(
+        target: &Target,
+        schema: &SchemaRef,
+        epoch: u64,
+        props: WriterProperties,
+    ) -> Result<Self> {
+        let path = target.dir.join(tmp_name(epoch));
+        let file = target.io.create(&path)?;
+        match ColumnParallelWriter::try_new(file, Arc::clone(schema), props) {
+            Ok(writer) => Ok(Self { writer, path }),
+            Err(e) => {
+                let _ = target.io.remove(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the footer; the file and its name. On error the file is removed.
+    fn finish(self, target: &Target) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+        match self.writer.finish() {
+            Ok(file) => Ok((file, self.path)),
+            Err(e) => {
+                let _ = target.io.remove(&self.path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes and removes the file (best effort: recovery removes an uncommitted `.tmp`).
+    fn discard(self, target: &Target) {
+        drop(self.writer);
+        let _ = target.io.remove(&self.path);
     }
 }
 
@@ -578,14 +659,6 @@ fn writer_properties(
     Ok(builder.build())
 }
 
-/// Writes `bytes` to a new file at `path` and syncs it.
-fn write_synced(io: &dyn StorageIo, path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file = io.create(path)?;
-    file.write_all(bytes).map_err(|e| named(path, e))?;
-    file.sync()?;
-    Ok(())
-}
-
 /// Writes the downstream changelog as Parquet files, one per checkpoint.
 #[derive(Debug)]
 pub struct ParquetSink {
@@ -663,7 +736,11 @@ impl ParquetSink {
             io.sync_dir(&dir)?;
         }
         Ok(Self {
-            encoder: Encoder::start(changelog_schema(table_schema, true))?,
+            encoder: Encoder::start(
+                changelog_schema(table_schema, true),
+                Arc::clone(&io),
+                dir.clone(),
+            )?,
             io,
             dir,
             pending: false,
@@ -744,7 +821,6 @@ impl ParquetSink {
             tmp,
             path,
             answer,
-            spare: self.encoder.spare.clone(),
         }))
     }
 
@@ -1105,36 +1181,41 @@ mod tests {
         assert_eq!(statistics(&[]), with(&[]));
     }
 
+    /// `(_epoch, k)` of every row of the published file of checkpoint `epoch`.
+    fn epochs_and_keys(out: &Path, epoch: u64) -> Vec<(u64, i64)> {
+        let file = File::open(sink_dir(out).join(file_name(epoch))).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut rows = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let epochs = batch
+                .column(0)
+                .as_primitive::<arrow_array::types::UInt64Type>();
+            let keys = batch
+                .column(2)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            rows.extend(
+                epochs
+                    .values()
+                    .iter()
+                    .copied()
+                    .zip(keys.values().iter().copied()),
+            );
+        }
+        rows
+    }
+
+    fn chunk(text: &str) -> StreamChunk {
+        StreamChunk::from_text(&schema(), text).unwrap()
+    }
+
     #[test]
     fn the_next_epoch_goes_to_the_next_file_while_one_is_prepared() {
         let out = tempfile::tempdir().unwrap();
         let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
-        let chunk = |text: &str| StreamChunk::from_text(&schema(), text).unwrap();
-        let keys = |epoch: u64| -> Vec<(u64, i64)> {
-            let file = File::open(sink_dir(out.path()).join(file_name(epoch))).unwrap();
-            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                .unwrap()
-                .build()
-                .unwrap();
-            let mut rows = Vec::new();
-            for batch in reader {
-                let batch = batch.unwrap();
-                let epochs = batch
-                    .column(0)
-                    .as_primitive::<arrow_array::types::UInt64Type>();
-                let keys = batch
-                    .column(2)
-                    .as_primitive::<arrow_array::types::Int64Type>();
-                rows.extend(
-                    epochs
-                        .values()
-                        .iter()
-                        .copied()
-                        .zip(keys.values().iter().copied()),
-                );
-            }
-            rows
-        };
         sink.push(2, chunk("+ 1\n+ 2")).unwrap();
         let first = sink.start_prepare(2).unwrap().unwrap();
         // Chunks of epoch 3 while the file of 2 is finishing (and again once written).
@@ -1152,9 +1233,74 @@ mod tests {
         sink.published(first).unwrap();
         sink.published(second).unwrap();
         assert_eq!(sink.rows_published(), 4);
-        assert_eq!(keys(2), [(2, 1), (2, 2)]);
-        assert_eq!(keys(3), [(3, 3), (3, 4)]);
+        assert_eq!(epochs_and_keys(out.path(), 2), [(2, 1), (2, 2)]);
+        assert_eq!(epochs_and_keys(out.path(), 3), [(3, 3), (3, 4)]);
         assert_eq!(names(&sink_dir(out.path())), [file_name(2), file_name(3)]);
+    }
+
+    #[test]
+    fn a_file_of_several_epochs_is_named_for_its_checkpoint() {
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
+        // Written from its first chunk on under the `.tmp` of epoch 3.
+        sink.push(3, chunk("+ 1")).unwrap();
+        sink.push(4, chunk("+ 2\n- 1")).unwrap();
+        let prepared = sink.start_prepare(5).unwrap().unwrap().wait().unwrap();
+        assert_eq!(names(&sink_dir(out.path())), [tmp_name(5)]);
+        sink.publish(prepared).unwrap();
+        assert_eq!(names(&sink_dir(out.path())), [file_name(5)]);
+        assert_eq!(epochs_and_keys(out.path(), 5), [(3, 1), (4, 2), (4, 1)]);
+    }
+
+    #[test]
+    fn a_file_left_unfinished_is_removed() {
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
+        sink.push(2, chunk("+ 1")).unwrap();
+        let prepared = sink.prepare(2).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        sink.push(3, chunk("+ 2")).unwrap();
+        // The job stops before checkpoint 3: the encoder had created its file.
+        drop(sink);
+        assert_eq!(names(&sink_dir(out.path())), [file_name(2)]);
+    }
+
+    #[test]
+    fn a_failed_write_or_sync_leaves_no_file_and_the_next_checkpoint_is_whole() {
+        use crate::store::io::{Fault, FaultyIo};
+        let attempt = |io: Arc<dyn StorageIo>, out: &Path| -> Result<()> {
+            let mut sink = ParquetSink::open(io, out, &schema(), None)?;
+            // A file begun in epoch 3 and closed at checkpoint 4 (so also renamed).
+            let rows: String = (0..5000).map(|k| format!("+ {k}\n")).collect();
+            sink.push(3, chunk(&rows))?;
+            sink.push(4, chunk("+ 5000"))?;
+            let prepared = sink.start_prepare(4)?.map(Preparing::wait).transpose();
+            if let Err(e) = prepared {
+                assert_eq!(names(&sink_dir(out)), Vec::<String>::new(), "after {e}");
+                // The sink goes on: the next checkpoint's file holds its own rows only.
+                sink.push(5, chunk("+ 5001"))?;
+                let next = sink.start_prepare(5)?.unwrap().wait()?;
+                sink.publish(next)?;
+                assert_eq!(epochs_and_keys(out, 5), [(5, 5001)]);
+                return Err(e);
+            }
+            sink.publish(prepared?.unwrap())?;
+            Ok(())
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let counter = Arc::new(FaultyIo::new(RealIo::shared(), None, Fault::Fail));
+        attempt(counter.clone(), &dir.path().join("clean")).unwrap();
+        let total = counter.operations();
+        let mut failed = 0;
+        for n in 1..=total {
+            let out = dir.path().join(format!("out-{n}"));
+            let faulty = Arc::new(FaultyIo::new(RealIo::shared(), Some(n), Fault::Fail));
+            if attempt(faulty, &out).is_err() {
+                failed += 1;
+            }
+        }
+        assert!(total >= 5, "only {total} operations");
+        assert!(failed >= total - 2, "{failed} of {total} faults surfaced");
     }
 
     fn sink_dir(out: &Path) -> PathBuf {
