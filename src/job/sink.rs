@@ -113,7 +113,7 @@ impl Preparing {
             digest,
         } = finished;
         let synced = (|| -> Result<()> {
-            file.sync().map_err(|e| named(&written, e))?;
+            file.sync()?;
             drop(file);
             if written != self.tmp {
                 self.io.rename(&written, &self.tmp)?;
@@ -247,8 +247,9 @@ enum Job {
     KeyColumns(Vec<String>),
     /// Encode a chunk emitted in an epoch into the current file.
     Chunk(u64, StreamChunk),
-    /// Finish the current file and hand it over, with its rows and digest.
-    Finish(SyncSender<Result<Finished>>),
+    /// Finish the current file as the file of this checkpoint epoch and hand it over, with
+    /// its rows and digest.
+    Finish(u64, SyncSender<Result<Finished>>),
 }
 
 /// A file the encoder finished (footer written, not yet fsynced).
@@ -343,6 +344,9 @@ const GROUP_ROWS: usize = 16 * 1024;
 /// removed.
 fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog: &Backlog) {
     let mut current: Option<OpenFile> = None;
+    // The epoch of the last file closed: a later file's chunks are of later epochs, so the
+    // name a file is written under (its first chunk's epoch) is never an earlier file's.
+    let mut closed: Option<u64> = None;
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
@@ -391,6 +395,12 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
                     let open = match &mut current {
                         Some(open) => open,
                         None => {
+                            if let Some(closed) = closed.filter(|&closed| epoch <= closed) {
+                                return Err(internal!(
+                                    "a chunk of epoch {epoch} after the file of checkpoint \
+                                     {closed} was closed"
+                                ));
+                            }
                             let props = writer_properties(schema, &dictionaries, &key_columns)?;
                             current.insert(OpenFile::create(target, schema, epoch, props)?)
                         }
@@ -419,12 +429,21 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
                     }
                 }
             }
-            Job::Finish(reply) => {
+            Job::Finish(checkpoint, reply) => {
+                closed = Some(checkpoint);
                 let file_digest = digest.as_mut().map(|(desc, digest)| {
                     std::mem::replace(digest, TableDigest::new(desc.vnode_count()))
                 });
                 let result = match (failed.take(), current.take()) {
                     (Some(e), _) => Err(e),
+                    (None, Some(open)) if open.epoch > checkpoint => {
+                        let first = open.epoch;
+                        open.discard(target);
+                        Err(internal!(
+                            "checkpoint {checkpoint} closes a file whose first chunk is of \
+                             epoch {first}"
+                        ))
+                    }
                     (None, Some(open)) => open.finish(target).map(|(file, written)| Finished {
                         file,
                         written,
@@ -447,7 +466,9 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
 /// The file the encoder is writing.
 struct OpenFile {
     writer: ColumnParallelWriter<Box<dyn WriteFile>>,
-    /// The `.tmp` of the epoch of its first chunk.
+    /// The epoch of its first chunk.
+    epoch: u64,
+    /// The `.tmp` of that epoch.
     path: PathBuf,
 }
 
@@ -462,7 +483,11 @@ impl OpenFile {
         let path = target.dir.join(tmp_name(epoch));
         let file = target.io.create(&path)?;
         match ColumnParallelWriter::try_new(file, Arc::clone(schema), props) {
-            Ok(writer) => Ok(Self { writer, path }),
+            Ok(writer) => Ok(Self {
+                writer,
+                epoch,
+                path,
+            }),
             Err(e) => {
                 let _ = target.io.remove(&path);
                 Err(e)
@@ -814,7 +839,7 @@ impl ParquetSink {
         let path = self.dir.join(file_name(epoch));
         let tmp = self.dir.join(tmp_name(epoch));
         let (reply, answer) = sync_channel(1);
-        self.encoder.send(Job::Finish(reply))?;
+        self.encoder.send(Job::Finish(epoch, reply))?;
         Ok(Some(Preparing {
             io: Arc::clone(&self.io),
             dir: self.dir.clone(),
@@ -1263,6 +1288,24 @@ mod tests {
         // The job stops before checkpoint 3: the encoder had created its file.
         drop(sink);
         assert_eq!(names(&sink_dir(out.path())), [file_name(2)]);
+    }
+
+    #[test]
+    fn chunks_out_of_checkpoint_order_are_refused_and_leave_no_file() {
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &schema(), None).unwrap();
+        sink.push(3, chunk("+ 1")).unwrap();
+        let prepared = sink.prepare(3).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        // A chunk of an epoch whose checkpoint was prepared already.
+        sink.push(3, chunk("+ 2")).unwrap();
+        let e = sink.prepare(4).unwrap_err();
+        assert!(e.to_string().contains("after the file of checkpoint 3"), "{e}");
+        // A checkpoint before the first chunk of its file.
+        sink.push(6, chunk("+ 3")).unwrap();
+        let e = sink.prepare(5).unwrap_err();
+        assert!(e.to_string().contains("first chunk is of epoch 6"), "{e}");
+        assert_eq!(names(&sink_dir(out.path())), [file_name(3)]);
     }
 
     #[test]
