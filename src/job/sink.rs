@@ -1300,7 +1300,10 @@ mod tests {
         // A chunk of an epoch whose checkpoint was prepared already.
         sink.push(3, chunk("+ 2")).unwrap();
         let e = sink.prepare(4).unwrap_err();
-        assert!(e.to_string().contains("after the file of checkpoint 3"), "{e}");
+        assert!(
+            e.to_string().contains("after the file of checkpoint 3"),
+            "{e}"
+        );
         // A checkpoint before the first chunk of its file.
         sink.push(6, chunk("+ 3")).unwrap();
         let e = sink.prepare(5).unwrap_err();
