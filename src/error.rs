@@ -60,6 +60,15 @@ pub enum Error {
     /// A stream chunk violates the chunk rules (ops length, U-/U+ pairing, ...).
     #[error("invalid chunk: {0}")]
     InvalidChunk(String),
+    /// A value breaks its column's declared type: a decimal with more digits than its
+    /// precision allows.
+    #[error("column `{column}`: {message}")]
+    InvalidValue {
+        /// The column.
+        column: String,
+        /// What is wrong with which value.
+        message: String,
+    },
     /// A batch's schema is not the table's.
     #[error("schema mismatch for {context}: expected {expected}, found {found}")]
     SchemaMismatch {
@@ -241,6 +250,7 @@ impl Error {
                 | Error::SchemaMismatch { .. }
                 | Error::UnknownColumn { .. }
                 | Error::InvalidChunk(_)
+                | Error::InvalidValue { .. }
                 | Error::UnsupportedType { .. }
                 | Error::CorruptState { .. }
                 | Error::Locked { .. }

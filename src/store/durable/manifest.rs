@@ -14,9 +14,9 @@
 //! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
 //! committed epochs in commit order. A base is one run, or several that follow each other in
 //! key order without overlapping (the pieces of an ordered bulk load, read as one list; their
-//! last keys rise, which opening checks). `format` is 2; `log_generation` names the log that
+//! last keys rise, which opening checks). `format` is 3; `log_generation` names the log that
 //! follows this manifest (format 1, written before the log existed, is read as generation 0
-//! with no log). Run files are named `run-<id, 20 digits>.arrow`.
+//! with no log; format 2 differs from 3 only in its run files, which are read alike). Run files are named `run-<id, 20 digits>.arrow`.
 //!
 //! The manifest is not rewritten at every commit: commits append what they changed to
 //! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest
@@ -50,7 +50,13 @@ use crate::vnode::{VirtualNode, VnodeCount};
 pub(crate) const MANIFEST_FILE: &str = "MANIFEST";
 const MANIFEST_TMP: &str = "MANIFEST.tmp";
 const MAGIC: &[u8; 8] = b"ABMANIF1";
-const FORMAT: u32 = 2;
+/// Format 3: run files store strings as offsets and short decimals in 64 bits (see
+/// `file.rs`); a binary that knows only format 2 refuses the store instead of taking those
+/// files for corrupt ones.
+const FORMAT: u32 = 3;
+/// The format before run files stored narrower types (their files are still read): read,
+/// never written.
+const FORMAT_RUN_VIEWS: u32 = 2;
 /// The format before the manifest log: read, never written.
 const FORMAT_WITHOUT_LOG: u32 = 1;
 
@@ -269,7 +275,7 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_slice(body).map_err(|e| bad(&format!("malformed manifest: {e}")))?;
-        if manifest.format != FORMAT && manifest.format != FORMAT_WITHOUT_LOG {
+        if ![FORMAT, FORMAT_RUN_VIEWS, FORMAT_WITHOUT_LOG].contains(&manifest.format) {
             return Err(bad(&format!(
                 "format {} is not the supported format {FORMAT}",
                 manifest.format
@@ -422,6 +428,27 @@ mod tests {
         );
         std::fs::write(&path, &bytes[..10]).unwrap();
         assert!(Manifest::load(&io, dir.path()).is_err());
+    }
+
+    #[test]
+    fn earlier_formats_load_and_a_later_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = RealIo;
+        for format in [FORMAT_WITHOUT_LOG, FORMAT_RUN_VIEWS, FORMAT] {
+            let mut m = Manifest::empty();
+            m.format = format;
+            m.store(&io, dir.path()).unwrap();
+            let back = Manifest::load(&io, dir.path()).unwrap().unwrap();
+            assert_eq!(back.format, format);
+        }
+        let mut m = Manifest::empty();
+        m.format = FORMAT + 1;
+        m.store(&io, dir.path()).unwrap();
+        let err = Manifest::load(&io, dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("format 4 is not the supported format 3"),
+            "{err}"
+        );
     }
 
     #[test]
