@@ -42,19 +42,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Decimal64Type, UInt16Type, UInt32Type, UInt64Type};
+use arrow_array::types::{UInt16Type, UInt32Type, UInt64Type};
 use arrow_array::{
-    Array, ArrayRef, BinaryArray, BinaryViewArray, BooleanArray, Decimal64Array, Decimal128Array,
-    RecordBatch, StringViewArray, UInt16Array, UInt32Array, UInt64Array,
+    Array, ArrayRef, BinaryArray, BooleanArray, RecordBatch, UInt16Array, UInt32Array, UInt64Array,
 };
 use arrow_buffer::{BooleanBufferBuilder, Buffer};
-use arrow_data::MAX_INLINE_VIEW_LEN;
 use arrow_ipc::reader::{FileDecoder, StreamReader};
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions, StreamWriter};
 use arrow_ipc::{Block, MetadataVersion};
-use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType, Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::cache::BlockCache;
+use super::stored::{
+    MAX_BLOCK_VALUE_BYTES, decode_schema, from_stored, made_bytes, stored_type, stored_type_v1,
+    stored_value_bytes, to_stored,
+};
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
@@ -86,79 +88,34 @@ fn block_rows(batch: &RecordBatch) -> usize {
     (BLOCK_BYTES / per_row).clamp(MIN_BLOCK_ROWS, SEGMENT_ROWS)
 }
 
-/// The most bytes of values a block stores in one string or binary column kept as offsets
-/// (`Utf8`, `Binary`: 32-bit offsets). Rows of longer values are cut into smaller blocks.
-const MAX_BLOCK_VALUE_BYTES: usize = i32::MAX as usize;
-
-/// The bytes of values the largest column of `batch` would store as offsets and bytes in a
-/// file of `schema` (views and dictionaries of strings or binaries stored as `Utf8` or
-/// `Binary`), or an upper bound of them; 0 for a batch without such columns.
-fn stored_value_bytes(batch: &RecordBatch, schema: &Schema) -> usize {
-    (batch.columns().iter().zip(schema.fields()))
-        .filter(|(_, field)| matches!(field.data_type(), DataType::Utf8 | DataType::Binary))
-        .map(|(column, _)| value_bytes(column.as_ref()))
-        .max()
-        .unwrap_or(0)
+/// The schema of a run file of `table`: its columns as [`stored_type`] stores them, and the
+/// tombstone column.
+pub(crate) fn file_schema(table: &Schema) -> SchemaRef {
+    schema_with(table, stored_type)
 }
 
-/// The bytes of `column`'s values, or an upper bound of them.
-fn value_bytes(column: &dyn Array) -> usize {
-    match column.data_type() {
-        DataType::Utf8View => view_bytes(
-            column.as_string_view().views(),
-            column.as_string_view().data_buffers(),
-        ),
-        DataType::BinaryView => view_bytes(
-            column.as_binary_view().views(),
-            column.as_binary_view().data_buffers(),
-        ),
-        DataType::Utf8 => offsets_span(column.as_string::<i32>().offsets()),
-        DataType::Binary => offsets_span(column.as_binary::<i32>().offsets()),
-        DataType::LargeUtf8 => offsets_span(column.as_string::<i64>().offsets()),
-        DataType::LargeBinary => offsets_span(column.as_binary::<i64>().offsets()),
-        // Each row at most the longest value: a bound.
-        DataType::Dictionary(..) => column.as_any_dictionary_opt().map_or(0, |d| {
-            longest_value(d.values().as_ref()).saturating_mul(column.len())
-        }),
-        _ => 0,
-    }
+/// The schema of a run file of `table` in format 1 ([`stored_type_v1`]).
+fn file_schema_v1(table: &Schema) -> SchemaRef {
+    schema_with(table, stored_type_v1)
 }
 
-/// The bytes of the values of these views: a cheap bound (every out-of-line byte, and 12
-/// bytes of each inline value) when it is far below the limit, else the exact sum.
-fn view_bytes(views: &[u128], buffers: &[Buffer]) -> usize {
-    let bound = (buffers.iter().map(|b| b.len())).sum::<usize>()
-        + views.len() * MAX_INLINE_VIEW_LEN as usize;
-    if bound <= MAX_BLOCK_VALUE_BYTES / 2 {
-        return bound;
-    }
-    views.iter().map(|&v| v as u32 as usize).sum()
+fn schema_with(table: &Schema, stored: fn(&DataType) -> DataType) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = (table.fields().iter())
+        .map(|f| Arc::new(f.as_ref().clone().with_data_type(stored(f.data_type()))))
+        .collect();
+    fields.push(Arc::new(Field::new(
+        DELETED_COLUMN,
+        DataType::Boolean,
+        false,
+    )));
+    Arc::new(Schema::new(fields))
 }
 
-fn offsets_span<O: arrow_array::OffsetSizeTrait>(offsets: &[O]) -> usize {
-    match (offsets.first(), offsets.last()) {
-        (Some(first), Some(last)) => (*last - *first).as_usize(),
-        _ => 0,
-    }
-}
-
-/// The length of the longest value of a string or binary array; 0 for other types.
-fn longest_value(values: &dyn Array) -> usize {
-    fn longest_offsets<O: arrow_array::OffsetSizeTrait>(offsets: &[O]) -> usize {
-        (offsets.windows(2).map(|w| (w[1] - w[0]).as_usize()))
-            .max()
-            .unwrap_or(0)
-    }
-    let longest_view = |views: &[u128]| views.iter().map(|&v| v as u32 as usize).max().unwrap_or(0);
-    match values.data_type() {
-        DataType::Utf8View => longest_view(values.as_string_view().views()),
-        DataType::BinaryView => longest_view(values.as_binary_view().views()),
-        DataType::Utf8 => longest_offsets(values.as_string::<i32>().offsets()),
-        DataType::Binary => longest_offsets(values.as_binary::<i32>().offsets()),
-        DataType::LargeUtf8 => longest_offsets(values.as_string::<i64>().offsets()),
-        DataType::LargeBinary => longest_offsets(values.as_binary::<i64>().offsets()),
-        _ => 0,
-    }
+/// Whether two schemas have the same column names and types.
+fn same_columns(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && (a.fields().iter().zip(b.fields()))
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
 }
 
 /// What the manifest records about a file to check it on open.
@@ -200,192 +157,6 @@ pub(crate) struct RunSpan {
     pub count: u32,
     /// The rows (tombstones included).
     pub rows: u64,
-}
-
-/// How a run file stores a column of the table's `data_type`: in fewer bytes where Arrow has
-/// a narrower layout for the same values.
-///
-/// - strings and binaries held as views (16 bytes a value, plus the bytes of values over 12)
-///   are stored as offsets and bytes (4 bytes a value, plus every value's bytes): lineitem's
-///   five short strings take 66 bytes a row instead of 114;
-/// - decimals of precision 18 or less (every value fits 64 bits) are stored as 64-bit
-///   decimals: 8 bytes instead of 16;
-/// - dictionaries are stored as their values, so that every block is self-contained.
-///
-/// Blocks are made back into the table's types as they are read ([`from_stored`]).
-fn stored_type(data_type: &DataType) -> DataType {
-    match data_type {
-        DataType::Dictionary(_, values) => stored_type(values),
-        DataType::Utf8View => DataType::Utf8,
-        DataType::BinaryView => DataType::Binary,
-        DataType::Decimal128(precision, scale) if *precision <= DECIMAL64_MAX_PRECISION => {
-            DataType::Decimal64(*precision, *scale)
-        }
-        other => other.clone(),
-    }
-}
-
-/// How files written before [`stored_type`] (format 1) store a column: as the table does,
-/// dictionaries as their values. They are still read.
-fn stored_type_v1(data_type: &DataType) -> DataType {
-    match data_type {
-        DataType::Dictionary(_, values) => values.as_ref().clone(),
-        other => other.clone(),
-    }
-}
-
-/// The schema of a run file of `table`: its columns as [`stored_type`] stores them, and the
-/// tombstone column.
-pub(crate) fn file_schema(table: &Schema) -> SchemaRef {
-    schema_with(table, stored_type)
-}
-
-/// The schema of a run file of `table` in format 1 ([`stored_type_v1`]).
-fn file_schema_v1(table: &Schema) -> SchemaRef {
-    schema_with(table, stored_type_v1)
-}
-
-fn schema_with(table: &Schema, stored: fn(&DataType) -> DataType) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = (table.fields().iter())
-        .map(|f| Arc::new(f.as_ref().clone().with_data_type(stored(f.data_type()))))
-        .collect();
-    fields.push(Arc::new(Field::new(
-        DELETED_COLUMN,
-        DataType::Boolean,
-        false,
-    )));
-    Arc::new(Schema::new(fields))
-}
-
-/// Whether two schemas have the same column names and types.
-fn same_columns(a: &Schema, b: &Schema) -> bool {
-    a.fields().len() == b.fields().len()
-        && (a.fields().iter().zip(b.fields()))
-            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
-}
-
-/// The table's columns as the file stores them (the types of `fields`).
-fn to_stored(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result<Vec<ArrayRef>> {
-    (columns.iter().zip(fields))
-        .map(
-            |(column, field)| match (column.data_type(), field.data_type()) {
-                (from, to) if from == to => Ok(column.clone()),
-                (DataType::Decimal128(..), DataType::Decimal64(precision, scale)) => {
-                    narrow_decimals(column.as_primitive(), *precision, *scale, field.name())
-                }
-                (_, to) => Ok(arrow_cast::cast(column, to)?),
-            },
-        )
-        .collect()
-}
-
-/// `array` as 64-bit decimals. A value that does not fit breaks the precision the column
-/// declares (at most 18 digits always fits): an error naming the column, never a wrapped
-/// value.
-fn narrow_decimals(
-    array: &Decimal128Array,
-    precision: u8,
-    scale: i8,
-    column: &str,
-) -> Result<ArrayRef> {
-    // Branch-free over all the values (nulls included: their slots are zero or in range
-    // either way, and a null's value is not stored meaningfully), so that it vectorizes.
-    let out_of_range = (array.values().iter()).fold(false, |bad, &v| bad | (v as i64 as i128 != v));
-    if out_of_range {
-        let value = (array.iter().flatten()).find(|&v| i64::try_from(v).is_err());
-        if let Some(value) = value {
-            return Err(Error::InvalidValue {
-                column: column.to_string(),
-                message: format!(
-                    "{value} (unscaled) has more digits than its type decimal({precision}, \
-                     {scale}) allows"
-                ),
-            });
-        }
-    }
-    let narrow: Decimal64Array = array.unary(|v| v as i64);
-    Ok(Arc::new(narrow.with_precision_and_scale(precision, scale)?))
-}
-
-/// The schema a run file's batches are decoded with: the file's, with string views (format 1)
-/// read as binary views (the same buffers), whose decoding checks their bounds but not their
-/// UTF-8 ([`from_stored`] does that, a buffer at a time).
-fn decode_schema(file: &Schema) -> SchemaRef {
-    let fields: Vec<Arc<Field>> = (file.fields().iter())
-        .map(|f| match f.data_type() {
-            DataType::Utf8View => Arc::new(f.as_ref().clone().with_data_type(DataType::BinaryView)),
-            _ => f.clone(),
-        })
-        .collect();
-    Arc::new(Schema::new(fields))
-}
-
-/// The decoded columns of a block back in the table's types (of `fields`): strings and
-/// binaries stored as offsets become views into the block's buffer, 64-bit decimals widen,
-/// string views of format 1 (decoded as binary views) are checked to be UTF-8, and
-/// dictionaries are rebuilt from their values.
-fn from_stored(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result<Vec<ArrayRef>> {
-    (columns.iter().zip(fields))
-        .map(|(column, field)| {
-            let column = match (column.data_type(), stored_type_v1(field.data_type())) {
-                (DataType::BinaryView, DataType::Utf8View) => {
-                    Arc::new(utf8_view(column.as_binary_view().clone())?) as ArrayRef
-                }
-                (DataType::Utf8, DataType::Utf8View) => {
-                    Arc::new(StringViewArray::from(column.as_string::<i32>())) as ArrayRef
-                }
-                (DataType::Binary, DataType::BinaryView) => {
-                    Arc::new(BinaryViewArray::from(column.as_binary::<i32>())) as ArrayRef
-                }
-                (DataType::Decimal64(..), DataType::Decimal128(precision, scale)) => {
-                    let wide: Decimal128Array =
-                        column.as_primitive::<Decimal64Type>().unary(i128::from);
-                    Arc::new(wide.with_precision_and_scale(precision, scale)?) as ArrayRef
-                }
-                _ => column.clone(),
-            };
-            if column.data_type() == field.data_type() {
-                Ok(column)
-            } else {
-                Ok(arrow_cast::cast(&column, field.data_type())?)
-            }
-        })
-        .collect()
-}
-
-/// High bit of each of the 12 bytes after a view's length: an inline value and its padding.
-const INLINE_HIGH_BITS: u128 = 0x8080_8080_8080_8080_8080_8080 << 32;
-
-/// `array` as strings, checked to be UTF-8.
-///
-/// Checking each value, as arrow does, was about a sixth of reading a block of lineitem.
-/// Text that is ASCII throughout (every data buffer, and every inline value) is checked
-/// here a word at a time instead; other text gets arrow's check of every value.
-fn utf8_view(array: BinaryViewArray) -> Result<StringViewArray> {
-    // Branch-free, so that it vectorizes: the high bits of every inline view, or-ed.
-    let inline_high_bits = (array.views().iter()).fold(0u128, |bits, &view| {
-        let inline = u128::from(view as u32 <= MAX_INLINE_VIEW_LEN);
-        bits | ((view & INLINE_HIGH_BITS) * inline)
-    });
-    let inline_ascii = inline_high_bits == 0;
-    let buffers_ascii = (array.data_buffers().iter()).all(|buffer| buffer.as_slice().is_ascii());
-    if !(inline_ascii && buffers_ascii) {
-        return Ok(array.to_string_view()?);
-    }
-    Ok(ascii_to_string_view(array))
-}
-
-/// `array`, found ASCII throughout by [`utf8_view`], as strings.
-#[expect(
-    unsafe_code,
-    reason = "UTF-8 shown by the caller for the whole array; see SAFETY"
-)]
-fn ascii_to_string_view(array: BinaryViewArray) -> StringViewArray {
-    // SAFETY: the array is a valid binary view array (the decoder validated its views: every
-    // non-inline value lies within a data buffer, every inline one is zero-padded), and
-    // `utf8_view` found all its data buffers ASCII and every inline value too (its bytes, and
-    // the zero padding, have no high bit set): each value is ASCII, hence UTF-8.
-    unsafe { array.to_string_view_unchecked() }
 }
 
 /// A `Write` that counts bytes and keeps a running CRC-32 (restartable per region).
@@ -1103,14 +874,14 @@ impl RunFile {
         let rows = match cached {
             Some(rows) => rows,
             None => {
-                let rows = self.read_batch(meta.batch as usize)?;
+                let (rows, made) = self.read_batch(meta.batch as usize)?;
                 if let Some(cache) = &self.cache {
                     // The decoded columns share the batch's one buffer (counting each
-                    // column's memory would count that buffer once per column); the keys
-                    // are their own.
+                    // column's memory would count that buffer once per column), plus what
+                    // making them the table's types allocated; the keys are their own.
                     let block = usize::try_from(meta.len).unwrap_or(usize::MAX);
                     let keys = rows.data.keys.values().len() + rows.data.keys.len() * 4;
-                    cache.insert(key, rows.clone(), block.saturating_add(keys));
+                    cache.insert(key, rows.clone(), block.saturating_add(made + keys));
                 }
                 rows
             }
@@ -1131,12 +902,13 @@ impl RunFile {
             .blocks
             .get(i)
             .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
-        let rows = self.read_batch(meta.batch as usize)?;
+        let (rows, _) = self.read_batch(meta.batch as usize)?;
         self.block_of(i, &rows, meta)
     }
 
-    /// Reads and checks the record batch of block `i`, the first block of its batch.
-    fn read_batch(&self, i: usize) -> Result<Arc<Rows>> {
+    /// Reads and checks the record batch of block `i`, the first block of its batch; with
+    /// the bytes that making its columns the table's types allocated.
+    fn read_batch(&self, i: usize) -> Result<(Arc<Rows>, usize)> {
         let meta = self
             .blocks
             .get(i)
@@ -1176,11 +948,16 @@ impl RunFile {
         let n = batch.num_columns() - 1;
         let deleted = batch.column(n).as_boolean();
         let deleted = (deleted.true_count() > 0).then(|| deleted.values().clone());
-        let columns = from_stored(&batch.columns()[..n], self.desc.schema().fields())
+        let stored = &batch.columns()[..n];
+        let columns = from_stored(stored, self.desc.schema().fields())
             .map_err(|e| corrupt(&self.path, format!("block {i}: {e}")))?;
+        let made = (stored.iter().zip(&columns))
+            .filter(|(stored, column)| !Arc::ptr_eq(stored, column))
+            .map(|(_, column)| made_bytes(column.as_ref()))
+            .sum();
         let data = RecordBatch::try_new(self.desc.schema().clone(), columns)?;
         let keys = self.desc.pk().encode(&data)?;
-        Rows::new(KeyedBatch { batch: data, keys }, deleted)
+        Ok((Rows::new(KeyedBatch { batch: data, keys }, deleted)?, made))
     }
 
     fn last_key(&self, i: usize) -> Option<&[u8]> {
@@ -1365,7 +1142,7 @@ mod tests {
     use crate::key::KeyColumn;
     use crate::store::io::RealIo;
     use crate::vnode::VnodeCount;
-    use arrow_array::{Int64Array, StringArray};
+    use arrow_array::{Decimal128Array, Int64Array, StringArray};
 
     fn desc() -> Arc<TableDesc> {
         let schema = Arc::new(Schema::new(vec![
@@ -1589,24 +1366,6 @@ mod tests {
     }
 
     #[test]
-    fn a_decimal_with_more_digits_than_its_precision_is_refused_naming_its_column() {
-        let bad = Decimal128Array::from(vec![Some(5), None, Some(i128::from(i64::MAX) + 1)])
-            .with_precision_and_scale(15, 2)
-            .unwrap();
-        let err = narrow_decimals(&bad, 15, 2, "l_price").unwrap_err();
-        assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
-        assert!(err.to_string().contains("l_price"), "{err}");
-        // Under a null, a slot's value means nothing: it is not looked at.
-        let nulls = arrow_buffer::NullBuffer::from(vec![true, false, true]);
-        let fine = Decimal128Array::new(vec![5, i128::MAX, -7].into(), Some(nulls))
-            .with_precision_and_scale(15, 2)
-            .unwrap();
-        let narrow = narrow_decimals(&fine, 15, 2, "l_price").unwrap();
-        let narrow = narrow.as_primitive::<Decimal64Type>();
-        assert_eq!(narrow.iter().collect::<Vec<_>>(), [Some(5), None, Some(-7)]);
-    }
-
-    #[test]
     fn long_values_are_cut_into_blocks_their_offsets_can_hold() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -1734,30 +1493,6 @@ mod tests {
     }
 
     #[test]
-    fn string_views_of_format_1_are_checked_for_plain_and_dictionary_columns() {
-        let broken: ArrayRef = Arc::new(BinaryViewArray::from_iter_values([
-            b"fine".as_slice(),
-            b"out of line and broken \xc3",
-        ]));
-        let fine: ArrayRef = Arc::new(BinaryViewArray::from_iter_values([
-            "fine".as_bytes(),
-            "out of line, grüße".as_bytes(),
-        ]));
-        let dictionary =
-            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8View));
-        for data_type in [DataType::Utf8View, dictionary] {
-            let field = vec![Arc::new(Field::new("v", data_type.clone(), true))];
-            let err = from_stored(std::slice::from_ref(&broken), &field).unwrap_err();
-            assert!(err.to_string().contains("UTF-8"), "{data_type}: {err}");
-            let read = from_stored(std::slice::from_ref(&fine), &field).unwrap();
-            assert_eq!(read[0].data_type(), &data_type);
-            let read = arrow_cast::cast(&read[0], &DataType::Utf8View).unwrap();
-            let strings: Vec<_> = read.as_string_view().iter().flatten().collect();
-            assert_eq!(strings, ["fine", "out of line, grüße"], "{data_type}");
-        }
-    }
-
-    #[test]
     fn dictionary_string_columns_read_back_equal() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -1790,35 +1525,6 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(text(&read), text(&batch));
-    }
-
-    #[test]
-    fn utf8_view_checks_what_is_not_ascii() {
-        let check = |values: &[&[u8]]| {
-            utf8_view(arrow_array::BinaryViewArray::from_iter_values(
-                values.iter().copied(),
-            ))
-            .map(|strings| {
-                strings
-                    .iter()
-                    .map(|s| s.unwrap().to_string())
-                    .collect::<Vec<_>>()
-            })
-        };
-        let long = b"long enough to be out of line";
-        assert_eq!(
-            check(&[b"a", long]).unwrap(),
-            ["a", std::str::from_utf8(long).unwrap()]
-        );
-        assert_eq!(check(&["é".as_bytes(), long]).unwrap()[0], "é");
-        assert_eq!(
-            check(&["out of line, and ü".as_bytes()]).unwrap()[0],
-            "out of line, and ü"
-        );
-        // Not UTF-8, inline or out of line: an error, never strings.
-        assert!(check(&[b"\xff", long]).is_err());
-        assert!(check(&[b"a", b"out of line and broken \xc3"]).is_err());
-        assert!(check(&[b"twelve bytes", b"elevenbytes\x80"]).is_err());
     }
 
     /// Short runs share record batches; each still reads back as its own rows (with its

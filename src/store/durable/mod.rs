@@ -50,6 +50,7 @@ mod file;
 mod lock;
 mod log;
 mod manifest;
+mod stored;
 
 pub use self::lock::{DirLock, LOCK_FILE};
 
