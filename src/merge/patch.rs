@@ -29,7 +29,7 @@ use arrow_select::interleave::{interleave, interleave_record_batch};
 
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
-use crate::store::run::{Rows, Run, build_sliced_runs, newest_tier, partition_point};
+use crate::store::run::{Rows, Run, Views, build_sliced_runs, newest_tier, partition_point};
 use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -78,7 +78,8 @@ impl Patch {
             vnodes.extend(desc.vnodes_of(batch)?);
         }
         // One copy of the rows, sorted by vnode and key; each vnode's patch is a range.
-        let (runs, _) = build_sliced_runs(desc, &batches, &ops, &vnodes, Some(ledger))?;
+        let (runs, _) =
+            build_sliced_runs(desc, &batches, &ops, &vnodes, Some(ledger), Views::Compact)?;
         Ok(runs
             .into_iter()
             .map(|(vnode, rows)| (vnode, Patch { rows }))

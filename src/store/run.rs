@@ -310,8 +310,29 @@ fn gc_view(column: ArrayRef) -> ArrayRef {
     }
 }
 
-/// `take_record_batch(batch, indices)` with [`gc_views`] applied, and the encoded keys taken
-/// alike: every column gathered (and its views compacted) on its own rayon task.
+/// What a gather does with string and binary views: the rows it makes either keep only
+/// the bytes they use, or point into the buffers they were gathered from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Views {
+    /// Copied into buffers of their own ([`gc_views`]): for rows kept in memory, which
+    /// must not hold whole input batches alive.
+    Compact,
+    /// Left pointing into the input's buffers: for rows written out at once (a durable
+    /// spill), whose run file stores each value's bytes anyway; compacting them first was
+    /// a copy of every string for nothing.
+    Shared,
+}
+
+/// A column gathered by `gather`, its views compacted if `views` says so.
+fn with_views(column: ArrayRef, views: Views) -> ArrayRef {
+    match views {
+        Views::Compact => gc_view(column),
+        Views::Shared => column,
+    }
+}
+
+/// `take_record_batch(batch, indices)` with its views as `views` says, and the encoded keys
+/// taken alike: every column gathered (and its views compacted) on its own rayon task.
 ///
 /// A bulk load gathers each epoch's buffered rows into vnode-then-key order once; on one
 /// thread, that gather was the load's longest piece of work (lineitem scale 1, about a third
@@ -320,16 +341,14 @@ pub(crate) fn take_keyed(
     batch: &RecordBatch,
     keys: &BinaryArray,
     indices: &UInt32Array,
+    views: Views,
 ) -> Result<KeyedBatch> {
     let (columns, keys) = rayon::join(
         || {
             (batch.columns().par_iter())
                 .map(|column| -> Result<ArrayRef> {
-                    Ok(gc_view(arrow_select::take::take(
-                        column.as_ref(),
-                        indices,
-                        None,
-                    )?))
+                    let column = arrow_select::take::take(column.as_ref(), indices, None)?;
+                    Ok(with_views(column, views))
                 })
                 .collect::<Result<Vec<_>>>()
         },
@@ -432,6 +451,7 @@ pub(crate) fn build_sliced_runs(
     ops: &[Op],
     vnodes: &[VirtualNode],
     counter: Option<&MemoryCounter>,
+    views: Views,
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
     let keys = desc.pk().encode_all(batches)?;
     if keys.len() != vnodes.len() || ops.len() != vnodes.len() {
@@ -484,7 +504,7 @@ pub(crate) fn build_sliced_runs(
     let any_delete = ops.iter().any(|op| !op.is_insert());
     let deleted = any_delete
         .then(|| BooleanBuffer::collect_bool(take.len(), |i| !ops[take[i] as usize].is_insert()));
-    let all = gather_keyed(batches, &keys, take)?;
+    let all = gather_keyed(batches, &keys, take, views)?;
     let bytes = all.batch.get_array_memory_size() + all.keys.get_array_memory_size();
     let per_row = bytes.div_ceil(total.max(1));
     let all = Rows::counted(all, deleted, counter)?;
@@ -497,16 +517,17 @@ pub(crate) fn build_sliced_runs(
 
 /// The rows `rows` (numbered through `batches` one after another) of the batches, with
 /// their `keys`: [`take_keyed`] of a single batch, an `interleave` of several (every column
-/// on its own rayon task, views compacted).
+/// on its own rayon task, views as `views` says).
 fn gather_keyed(
     batches: &[&RecordBatch],
     keys: &BinaryArray,
     rows: Vec<u32>,
+    views: Views,
 ) -> Result<KeyedBatch> {
     let indices = UInt32Array::from(rows);
     let first = match batches {
         [] => return Err(internal!("a gather of no batch")),
-        [batch] => return take_keyed(batch, keys, &indices),
+        [batch] => return take_keyed(batch, keys, &indices, views),
         [first, ..] => first,
     };
     // Each row's (batch, row within it).
@@ -532,9 +553,8 @@ fn gather_keyed(
                 .map(|c| -> Result<ArrayRef> {
                     let column: Vec<&dyn Array> =
                         batches.iter().map(|b| b.column(c).as_ref()).collect();
-                    Ok(gc_view(arrow_select::interleave::interleave(
-                        &column, &pairs,
-                    )?))
+                    let column = arrow_select::interleave::interleave(&column, &pairs)?;
+                    Ok(with_views(column, views))
                 })
                 .collect::<Result<Vec<_>>>()
         },
@@ -607,10 +627,13 @@ pub(crate) fn build_pending_runs(
 pub(crate) fn build_pending_sliced_runs(
     desc: &TableDesc,
     pending: &[(StreamChunk, Vec<VirtualNode>)],
+    views: Views,
 ) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
     match pending {
         [] => Ok((Vec::new(), 0)),
-        [(chunk, vnodes)] => build_sliced_runs(desc, &[chunk.batch()], chunk.ops(), vnodes, None),
+        [(chunk, vnodes)] => {
+            build_sliced_runs(desc, &[chunk.batch()], chunk.ops(), vnodes, None, views)
+        }
         _ => {
             let batches: Vec<&RecordBatch> = pending.iter().map(|(c, _)| c.batch()).collect();
             let ops: Vec<Op> = (pending.iter())
@@ -619,7 +642,7 @@ pub(crate) fn build_pending_sliced_runs(
             let vnodes: Vec<VirtualNode> = (pending.iter())
                 .flat_map(|(_, v)| v.iter().copied())
                 .collect();
-            build_sliced_runs(desc, &batches, &ops, &vnodes, None)
+            build_sliced_runs(desc, &batches, &ops, &vnodes, None, views)
         }
     }
 }
@@ -1258,10 +1281,14 @@ mod tests {
                     assert_eq!(bits(g), bits(w), "vnode {gv}");
                 }
             };
-            let (got, per_row) =
-                build_sliced_runs(&desc, &[&batch], &ops, &vnode_of, None).unwrap();
-            assert!(per_row > 0);
-            same(&got);
+            // The input's string bytes: a run shares them, or has its own.
+            let input = batch.column(1).as_string_view().data_buffers()[0].as_ptr();
+            let shares_input = |runs: &[(VirtualNode, Run)]| {
+                runs.iter().all(|(_, run)| {
+                    let column = run.batch().column(1).clone();
+                    (column.as_string_view().data_buffers().iter()).any(|b| b.as_ptr() == input)
+                })
+            };
             // The same rows in pieces of uneven sizes, gathered from the pieces.
             let pieces = [
                 batch.slice(0, 1),
@@ -1270,12 +1297,23 @@ mod tests {
                 batch.slice(701, n - 701),
             ];
             let pieces: Vec<&RecordBatch> = pieces.iter().collect();
-            let (split, split_per_row) =
-                build_sliced_runs(&desc, &pieces, &ops, &vnode_of, None).unwrap();
-            assert!(split_per_row > 0);
-            same(&split);
+            for views in [Views::Compact, Views::Shared] {
+                let (got, per_row) =
+                    build_sliced_runs(&desc, &[&batch], &ops, &vnode_of, None, views).unwrap();
+                assert!(per_row > 0);
+                same(&got);
+                assert_eq!(shares_input(&got), views == Views::Shared, "{views:?}");
+                let (split, split_per_row) =
+                    build_sliced_runs(&desc, &pieces, &ops, &vnode_of, None, views).unwrap();
+                assert!(split_per_row > 0);
+                same(&split);
+                assert_eq!(shares_input(&split), views == Views::Shared, "{views:?}");
+            }
             // Rows, ops and vnodes that do not match are an error, not a panic.
-            assert!(build_sliced_runs(&desc, &pieces[..2], &ops, &vnode_of, None).is_err());
+            assert!(
+                build_sliced_runs(&desc, &pieces[..2], &ops, &vnode_of, None, Views::Compact)
+                    .is_err()
+            );
         }
     }
 }

@@ -67,7 +67,7 @@ use self::file::{Chain, DiskRun, MIN_BLOCK_ROWS, RunFile, RunFileWriter, RunSpan
 use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
 use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
 use super::io::{RealIo, StorageIo};
-use super::run::{MergeReader, Run, RunList, build_pending_sliced_runs};
+use super::run::{MergeReader, Run, RunList, Views, build_pending_sliced_runs};
 use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable, check_seal, check_write};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -1216,9 +1216,10 @@ impl DurableTable {
     }
 
     /// The pending chunks as sorted runs per vnode (last change per key), in memory: slices
-    /// of one batch, with its bytes per row.
-    fn build_pending(&mut self) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
-        let built = build_pending_sliced_runs(&self.desc, &self.pending)?;
+    /// of one batch, with its bytes per row. `views`: [`Views::Shared`] for runs written out
+    /// at once, [`Views::Compact`] for runs that may stay in memory.
+    fn build_pending(&mut self, views: Views) -> Result<(Vec<(VirtualNode, Run)>, usize)> {
+        let built = build_pending_sliced_runs(&self.desc, &self.pending, views)?;
         self.pending.clear();
         self.pending_bytes = 0;
         // Order only matters to a commit (a replicated handle's layers are never committed).
@@ -1255,7 +1256,9 @@ impl DurableTable {
     /// One spill at a time, so the runs in flight are at most one piece (a quarter of the
     /// memory budget); a write error surfaces at the next spill or at the seal.
     fn spill_pending(&mut self) -> Result<()> {
-        let (runs, _) = self.build_pending()?;
+        // Written out by the spill thread, then dropped: their strings are copied once, into
+        // the file.
+        let (runs, _) = self.build_pending(Views::Shared)?;
         if runs.is_empty() {
             return Ok(());
         }
@@ -1395,7 +1398,7 @@ impl StateTable for DurableTable {
             self.replicated,
         )?;
         self.finish_spill()?;
-        let (memory_runs, row_bytes) = self.build_pending()?;
+        let (memory_runs, row_bytes) = self.build_pending(Views::Compact)?;
         let memory_bytes: usize = memory_runs.iter().map(|(_, r)| r.len() * row_bytes).sum();
         let over_budget = !self.replicated && {
             let state = self.store.read()?;
