@@ -1288,6 +1288,11 @@ mod tests {
     fn narrowed_columns(n: i64) -> (Arc<TableDesc>, RecordBatch) {
         let dictionary =
             DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8View));
+        // Decimals in a dictionary are stored as the dictionary's values are: not narrowed.
+        let tiers = DataType::Dictionary(
+            Box::new(DataType::Int8),
+            Box::new(DataType::Decimal128(10, 2)),
+        );
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("s", DataType::Utf8View, true),
@@ -1295,6 +1300,7 @@ mod tests {
             Field::new("d", DataType::Decimal128(15, 2), true),
             Field::new("wide", DataType::Decimal128(30, 2), true),
             Field::new("mode", dictionary.clone(), true),
+            Field::new("tier", tiers.clone(), true),
         ]));
         let text = |k: i64| match k % 3 {
             0 => None,
@@ -1328,6 +1334,15 @@ mod tests {
                     .unwrap(),
                 ),
                 arrow_cast::cast(&modes, &dictionary).unwrap(),
+                arrow_cast::cast(
+                    &Decimal128Array::from_iter(
+                        (0..n).map(|k| (k % 9 != 0).then_some(i128::from(k % 3))),
+                    )
+                    .with_precision_and_scale(10, 2)
+                    .unwrap(),
+                    &tiers,
+                )
+                .unwrap(),
             ],
         )
         .unwrap();
@@ -1359,6 +1374,7 @@ mod tests {
                 DataType::Decimal64(15, 2),
                 DataType::Decimal128(30, 2),
                 DataType::Utf8,
+                DataType::Decimal128(10, 2),
                 DataType::Boolean,
             ]
         );

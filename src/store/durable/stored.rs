@@ -17,6 +17,9 @@ use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_data::MAX_INLINE_VIEW_LEN;
 use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType, Field, Schema, SchemaRef};
 
+use arrow_cast::CastOptions;
+use arrow_cast::display::FormatOptions;
+
 use crate::error::{Error, Result};
 
 /// The most bytes of values a block stores in one string or binary column kept as offsets
@@ -107,15 +110,30 @@ fn longest_value(values: &dyn Array) -> usize {
 /// Blocks are made back into the table's types as they are read ([`from_stored`]).
 pub(super) fn stored_type(data_type: &DataType) -> DataType {
     match data_type {
-        DataType::Dictionary(_, values) => stored_type(values),
-        DataType::Utf8View => DataType::Utf8,
-        DataType::BinaryView => DataType::Binary,
+        // A dictionary's values: strings as offsets, anything else as it is (writes check
+        // plain decimal columns only, see `crate::store::check_decimals`).
+        DataType::Dictionary(_, values) => offsets_for_views(values),
         DataType::Decimal128(precision, scale) if *precision <= DECIMAL64_MAX_PRECISION => {
             DataType::Decimal64(*precision, *scale)
         }
+        other => offsets_for_views(other),
+    }
+}
+
+/// String and binary views as offsets; any other type as it is.
+fn offsets_for_views(data_type: &DataType) -> DataType {
+    match data_type {
+        DataType::Utf8View => DataType::Utf8,
+        DataType::BinaryView => DataType::Binary,
         other => other.clone(),
     }
 }
+
+/// Casts that fail rather than make a value null: a store never changes a value.
+const EXACT: CastOptions<'static> = CastOptions {
+    safe: false,
+    format_options: FormatOptions::new(),
+};
 
 /// How files written before [`stored_type`] (format 1) store a column: as the table does,
 /// dictionaries as their values. They are still read.
@@ -162,7 +180,7 @@ pub(super) fn to_stored(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result<V
                 (DataType::Decimal128(..), DataType::Decimal64(precision, scale)) => {
                     narrow_decimals(column.as_primitive(), *precision, *scale, field.name())
                 }
-                (_, to) => Ok(arrow_cast::cast(column, to)?),
+                (_, to) => Ok(arrow_cast::cast_with_options(column, to, &EXACT)?),
             },
         )
         .collect()
@@ -308,7 +326,11 @@ pub(super) fn from_stored(columns: &[ArrayRef], fields: &[Arc<Field>]) -> Result
             if column.data_type() == field.data_type() {
                 Ok(column)
             } else {
-                Ok(arrow_cast::cast(&column, field.data_type())?)
+                Ok(arrow_cast::cast_with_options(
+                    &column,
+                    field.data_type(),
+                    &EXACT,
+                )?)
             }
         })
         .collect()
