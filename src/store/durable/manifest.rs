@@ -16,7 +16,8 @@
 //! key order without overlapping (the pieces of an ordered bulk load, read as one list; their
 //! last keys rise, which opening checks). `format` is 3; `log_generation` names the log that
 //! follows this manifest (format 1, written before the log existed, is read as generation 0
-//! with no log; format 2 differs from 3 only in its run files, which are read alike). Run files are named `run-<id, 20 digits>.arrow`.
+//! with no log; format 2 differs from 3 only in its run files, which are read alike). Run
+//! files are named `run-<id, 20 digits>.arrow`.
 //!
 //! The manifest is not rewritten at every commit: commits append what they changed to
 //! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest

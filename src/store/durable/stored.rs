@@ -14,11 +14,10 @@ use arrow_array::{
     GenericByteViewArray, RecordBatch, StringArray, StringViewArray,
 };
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use arrow_data::MAX_INLINE_VIEW_LEN;
-use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType, Field, Schema, SchemaRef};
-
 use arrow_cast::CastOptions;
 use arrow_cast::display::FormatOptions;
+use arrow_data::MAX_INLINE_VIEW_LEN;
+use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
 
