@@ -315,12 +315,13 @@ impl RunFileWriter {
         let mut offset = 0;
         while offset < batch.num_rows() {
             let mut len = (batch.num_rows() - offset).min(block_rows);
-            let mut part = batch.slice(offset, len);
             // Rows of long values: fewer of them, so that no column's offsets overflow.
-            while len > 1 && stored_value_bytes(&part, &self.schema) > self.value_bytes_limit {
+            while len > 1
+                && stored_value_bytes(batch, offset, len, &self.schema) > self.value_bytes_limit
+            {
                 len = len.div_ceil(2);
-                part = batch.slice(offset, len);
             }
+            let part = batch.slice(offset, len);
             let tombstones = match deleted {
                 Some(d) => d.slice(offset, len),
                 None => BooleanArray::from(vec![false; len]),
@@ -334,7 +335,10 @@ impl RunFileWriter {
     /// Writes a whole run of `vnode`. A run shorter than [`MIN_BLOCK_ROWS`] waits to share a
     /// packed batch with other short runs; runs keep their order in the file either way.
     pub fn write_run(&mut self, vnode: VirtualNode, run: &Run) -> Result<()> {
-        let value_bytes = || stored_value_bytes(&run.batch(), &self.schema);
+        let value_bytes = || {
+            let (rows, start) = run.rows();
+            stored_value_bytes(&rows.data.batch, start, run.len(), &self.schema)
+        };
         if run.len() > 0 && run.len() < MIN_BLOCK_ROWS && value_bytes() <= self.value_bytes_limit {
             let value_bytes = value_bytes();
             if self.pack_value_bytes + value_bytes > self.value_bytes_limit {
@@ -1410,7 +1414,7 @@ mod tests {
             desc.clone(),
         )
         .unwrap();
-        // A block may hold 10 000 bytes of values here: 9 rows.
+        // A block may hold 10 000 bytes of values here: 10 rows.
         w.value_bytes_limit = 10_000;
         w.write_run(VirtualNode::ZERO, &rows(0..200)).unwrap();
         // Short runs share a packed batch only up to the limit too.
@@ -1426,7 +1430,7 @@ mod tests {
         assert_eq!(keys, (0..400).collect::<Vec<_>>());
         for block in &file.blocks {
             assert!(
-                block.batch_rows <= 9,
+                block.batch_rows <= 10,
                 "{} rows of 1000 bytes",
                 block.batch_rows
             );

@@ -25,53 +25,50 @@ use crate::error::{Error, Result};
 /// (`Utf8`, `Binary`: 32-bit offsets). Rows of longer values are cut into smaller blocks.
 pub(super) const MAX_BLOCK_VALUE_BYTES: usize = i32::MAX as usize;
 
-/// The bytes of values the largest column of `batch` would store as offsets and bytes in a
-/// file of `schema` (views and dictionaries of strings or binaries stored as `Utf8` or
-/// `Binary`), or an upper bound of them; 0 for a batch without such columns.
-pub(super) fn stored_value_bytes(batch: &RecordBatch, schema: &Schema) -> usize {
+/// The bytes of values that rows `start..start + len` of `batch` store in its largest column
+/// kept as offsets and bytes in a file of `schema` (views and dictionaries of strings or
+/// binaries stored as `Utf8` or `Binary`), or an upper bound of them; 0 for a batch without
+/// such columns. Read from the batch's arrays, without slicing them (a slice of a view array
+/// clones its list of buffers, which a spill's gathered rows have many of).
+pub(super) fn stored_value_bytes(
+    batch: &RecordBatch,
+    start: usize,
+    len: usize,
+    schema: &Schema,
+) -> usize {
     (batch.columns().iter().zip(schema.fields()))
         .filter(|(_, field)| matches!(field.data_type(), DataType::Utf8 | DataType::Binary))
-        .map(|(column, _)| value_bytes(column.as_ref()))
+        .map(|(column, _)| value_bytes(column.as_ref(), start, len))
         .max()
         .unwrap_or(0)
 }
 
-/// The bytes of `column`'s values, or an upper bound of them.
-fn value_bytes(column: &dyn Array) -> usize {
+/// The bytes of the values of rows `start..start + len` of `column`, or an upper bound.
+fn value_bytes(column: &dyn Array, start: usize, len: usize) -> usize {
+    let end = start + len;
+    let views = |views: &[u128]| {
+        (views.get(start..end).unwrap_or_default().iter())
+            .map(|&v| v as u32 as usize)
+            .sum()
+    };
     match column.data_type() {
-        DataType::Utf8View => view_bytes(
-            column.as_string_view().views(),
-            column.as_string_view().data_buffers(),
-        ),
-        DataType::BinaryView => view_bytes(
-            column.as_binary_view().views(),
-            column.as_binary_view().data_buffers(),
-        ),
-        DataType::Utf8 => offsets_span(column.as_string::<i32>().offsets()),
-        DataType::Binary => offsets_span(column.as_binary::<i32>().offsets()),
-        DataType::LargeUtf8 => offsets_span(column.as_string::<i64>().offsets()),
-        DataType::LargeBinary => offsets_span(column.as_binary::<i64>().offsets()),
+        DataType::Utf8View => views(column.as_string_view().views()),
+        DataType::BinaryView => views(column.as_binary_view().views()),
+        DataType::Utf8 => offsets_span(column.as_string::<i32>().offsets(), start, end),
+        DataType::Binary => offsets_span(column.as_binary::<i32>().offsets(), start, end),
+        DataType::LargeUtf8 => offsets_span(column.as_string::<i64>().offsets(), start, end),
+        DataType::LargeBinary => offsets_span(column.as_binary::<i64>().offsets(), start, end),
         // Each row at most the longest value: a bound.
         DataType::Dictionary(..) => column.as_any_dictionary_opt().map_or(0, |d| {
-            longest_value(d.values().as_ref()).saturating_mul(column.len())
+            longest_value(d.values().as_ref()).saturating_mul(len)
         }),
         _ => 0,
     }
 }
 
-/// The bytes of the values of these views: a cheap bound (every out-of-line byte, and 12
-/// bytes of each inline value) when it is far below the limit, else the exact sum.
-fn view_bytes(views: &[u128], buffers: &[Buffer]) -> usize {
-    let bound = (buffers.iter().map(|b| b.len())).sum::<usize>()
-        + views.len() * MAX_INLINE_VIEW_LEN as usize;
-    if bound <= MAX_BLOCK_VALUE_BYTES / 2 {
-        return bound;
-    }
-    views.iter().map(|&v| v as u32 as usize).sum()
-}
-
-fn offsets_span<O: arrow_array::OffsetSizeTrait>(offsets: &[O]) -> usize {
-    match (offsets.first(), offsets.last()) {
+/// The bytes between offsets `start` and `end`.
+fn offsets_span<O: arrow_array::OffsetSizeTrait>(offsets: &[O], start: usize, end: usize) -> usize {
+    match (offsets.get(start), offsets.get(end)) {
         (Some(first), Some(last)) => (*last - *first).as_usize(),
         _ => 0,
     }
