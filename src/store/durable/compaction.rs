@@ -284,10 +284,10 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
         };
         writer.begin_run(input.vnode)?;
         for (batch, deleted) in std::iter::once(first).chain(second) {
-            writer.write(&batch.batch, deleted.as_ref())?;
+            writer.write(&batch, deleted.as_ref())?;
         }
         while let Some((batch, deleted)) = merge.next()? {
-            writer.write(&batch.batch, deleted.as_ref())?;
+            writer.write(&batch, deleted.as_ref())?;
         }
         writer.end_run();
     }

@@ -310,7 +310,15 @@ impl RunFileWriter {
     /// Writes sorted rows (and their tombstones) of the open run, cut into blocks of about
     /// [`BLOCK_BYTES`] (between [`MIN_BLOCK_ROWS`] and [`SEGMENT_ROWS`] rows): a scan holds
     /// one block per source, so the block size bounds a backfill's memory per vnode.
-    pub fn write(&mut self, batch: &RecordBatch, deleted: Option<&BooleanArray>) -> Result<()> {
+    pub fn write(&mut self, rows: &KeyedBatch, deleted: Option<&BooleanArray>) -> Result<()> {
+        let batch = &rows.batch;
+        if rows.keys.len() != batch.num_rows() {
+            return Err(Error::Internal(format!(
+                "{} keys for {} rows written to a run file",
+                rows.keys.len(),
+                batch.num_rows()
+            )));
+        }
         let block_rows = block_rows(batch);
         let mut offset = 0;
         while offset < batch.num_rows() {
@@ -326,7 +334,9 @@ impl RunFileWriter {
                 Some(d) => d.slice(offset, len),
                 None => BooleanArray::from(vec![false; len]),
             };
-            self.write_block(&part, tombstones)?;
+            // The block's last key, as the rows came with it (no encoding of our own).
+            let last_key = rows.keys.value(offset + len - 1);
+            self.write_block(&part, last_key, tombstones)?;
             offset += len;
         }
         Ok(())
@@ -358,7 +368,7 @@ impl RunFileWriter {
         }
         let deleted = run.deleted().map(|d| BooleanArray::new(d, None));
         self.begin_run(vnode)?;
-        self.write(&run.batch(), deleted.as_ref())?;
+        self.write(&run.data_of(0, run.len()), deleted.as_ref())?;
         self.end_run();
         Ok(())
     }
@@ -423,7 +433,12 @@ impl RunFileWriter {
         Ok(())
     }
 
-    fn write_block(&mut self, batch: &RecordBatch, deleted: BooleanArray) -> Result<()> {
+    fn write_block(
+        &mut self,
+        batch: &RecordBatch,
+        last_key: &[u8],
+        deleted: BooleanArray,
+    ) -> Result<()> {
         let Some(span) = self.open_span.as_mut() else {
             return Err(Error::Internal("a run file block outside a run".into()));
         };
@@ -445,9 +460,7 @@ impl RunFileWriter {
             batch: index,
             batch_rows: rows,
         });
-        let last = batch.slice(batch.num_rows().saturating_sub(1), 1);
-        let key = self.desc.pk().encode(&last)?;
-        self.last_keys.push(key.value(0).to_vec());
+        self.last_keys.push(last_key.to_vec());
         Ok(())
     }
 
@@ -1259,6 +1272,15 @@ mod tests {
         )
     }
 
+    /// `batch` with its encoded keys.
+    fn keyed(desc: &TableDesc, batch: &RecordBatch) -> KeyedBatch {
+        let keys = desc.pk().encode(batch).unwrap();
+        KeyedBatch {
+            batch: batch.clone(),
+            keys,
+        }
+    }
+
     /// `batch` written as one run of vnode 0 and read back, block by block, as one batch; in
     /// both formats, which must read back alike.
     fn round_trip(desc: &Arc<TableDesc>, batch: &RecordBatch) -> RecordBatch {
@@ -1277,7 +1299,7 @@ mod tests {
         let path = dir.path().join("r.arrow");
         let mut w = create(RealIo::shared(), path.clone(), 1, desc.clone()).unwrap();
         w.begin_run(VirtualNode::ZERO).unwrap();
-        w.write(batch, None).unwrap();
+        w.write(&keyed(desc, batch), None).unwrap();
         let (_, check, _) = w.finish().unwrap();
         let file = RunFile::open(RealIo::shared(), path, 1, desc.clone(), check).unwrap();
         let read: Vec<RecordBatch> = (0..file.blocks.len())
@@ -1360,7 +1382,7 @@ mod tests {
         let path = dir.path().join("n.arrow");
         let mut w = RunFileWriter::create(RealIo::shared(), path.clone(), 1, desc.clone()).unwrap();
         w.begin_run(VirtualNode::ZERO).unwrap();
-        w.write(&batch, None).unwrap();
+        w.write(&keyed(&desc, &batch), None).unwrap();
         w.finish().unwrap();
         // What a standard reader (pyarrow's too) sees.
         let reader =
@@ -1456,10 +1478,15 @@ mod tests {
             ],
         )
         .unwrap();
-        let mut w =
-            RunFileWriter::create(RealIo::shared(), dir.path().join("v.arrow"), 1, desc).unwrap();
+        let mut w = RunFileWriter::create(
+            RealIo::shared(),
+            dir.path().join("v.arrow"),
+            1,
+            desc.clone(),
+        )
+        .unwrap();
         w.begin_run(VirtualNode::ZERO).unwrap();
-        w.write(&batch, None).unwrap();
+        w.write(&keyed(&desc, &batch), None).unwrap();
         let (_, check, _) = w.finish().unwrap();
         let raw = n as u64 * (8 + 16 + 50);
         assert!(
