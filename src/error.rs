@@ -278,6 +278,18 @@ impl Error {
         }
     }
 
+    /// An [`Error::InvalidValue`]: `value` (unscaled) of `column` has more digits than its
+    /// type `decimal(precision, scale)` allows.
+    pub(crate) fn decimal_too_long(column: &str, value: i128, precision: u8, scale: i8) -> Self {
+        Error::InvalidValue {
+            column: column.to_string(),
+            message: format!(
+                "{value} (unscaled) has more digits than its type decimal({precision}, {scale}) \
+                 allows"
+            ),
+        }
+    }
+
     /// An [`Error::Scratch`] error.
     pub fn scratch(
         path: impl Into<std::path::PathBuf>,

@@ -210,13 +210,7 @@ impl TableDesc {
 
     /// Checks that `schema` has this table's column names and types, in order.
     pub fn check_schema(&self, schema: &Schema, context: &str) -> Result<()> {
-        let same = schema.fields().len() == self.schema.fields().len()
-            && schema
-                .fields()
-                .iter()
-                .zip(self.schema.fields())
-                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-        if same {
+        if same_fields(schema, &self.schema) {
             Ok(())
         } else {
             Err(Error::SchemaMismatch {
@@ -226,6 +220,14 @@ impl TableDesc {
             })
         }
     }
+}
+
+/// Whether two schemas have the same column names and exactly the same types, in order
+/// (nullability and metadata aside).
+pub(crate) fn same_fields(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && (a.fields().iter().zip(b.fields()))
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
 }
 
 /// The first column name that `schema` has twice, if any.

@@ -91,13 +91,12 @@ pub(crate) fn check_decimals(batch: &RecordBatch) -> Result<()> {
             continue;
         }
         if let Some(value) = array.iter().flatten().find(|v| *v > max || *v < -max) {
-            return Err(Error::InvalidValue {
-                column: field.name().clone(),
-                message: format!(
-                    "{value} (unscaled) has more digits than its type decimal({precision}, \
-                     {scale}) allows"
-                ),
-            });
+            return Err(Error::decimal_too_long(
+                field.name(),
+                value,
+                precision,
+                scale,
+            ));
         }
     }
     Ok(())

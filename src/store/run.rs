@@ -332,7 +332,8 @@ fn with_views(column: ArrayRef, views: Views) -> ArrayRef {
 }
 
 /// `take_record_batch(batch, indices)` with its views as `views` says, and the encoded keys
-/// taken alike: every column gathered (and its views compacted) on its own rayon task.
+/// taken alike: every column gathered (and, for [`Views::Compact`], its views compacted) on
+/// its own rayon task.
 ///
 /// A bulk load gathers each epoch's buffered rows into vnode-then-key order once; on one
 /// thread, that gather was the load's longest piece of work (lineitem scale 1, about a third

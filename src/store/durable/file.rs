@@ -61,7 +61,7 @@ use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::io::{ReadFile, StorageIo, WriteFile};
 use crate::store::run::{Rows, Run, RunList, SEGMENT_ROWS, gc_views, push_joined};
-use crate::table::TableDesc;
+use crate::table::{TableDesc, same_fields};
 use crate::vnode::VirtualNode;
 
 /// The tombstone column appended to every run file's schema.
@@ -109,13 +109,6 @@ fn schema_with(table: &Schema, stored: fn(&DataType) -> DataType) -> SchemaRef {
         false,
     )));
     Arc::new(Schema::new(fields))
-}
-
-/// Whether two schemas have the same column names and types.
-fn same_columns(a: &Schema, b: &Schema) -> bool {
-    a.fields().len() == b.fields().len()
-        && (a.fields().iter().zip(b.fields()))
-            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
 }
 
 /// What the manifest records about a file to check it on open.
@@ -345,26 +338,25 @@ impl RunFileWriter {
     /// Writes a whole run of `vnode`. A run shorter than [`MIN_BLOCK_ROWS`] waits to share a
     /// packed batch with other short runs; runs keep their order in the file either way.
     pub fn write_run(&mut self, vnode: VirtualNode, run: &Run) -> Result<()> {
-        let value_bytes = || {
+        if run.len() > 0 && run.len() < MIN_BLOCK_ROWS {
             let (rows, start) = run.rows();
-            stored_value_bytes(&rows.data.batch, start, run.len(), &self.schema)
-        };
-        if run.len() > 0 && run.len() < MIN_BLOCK_ROWS && value_bytes() <= self.value_bytes_limit {
-            let value_bytes = value_bytes();
-            if self.pack_value_bytes + value_bytes > self.value_bytes_limit {
-                self.flush_pack()?;
+            let value_bytes = stored_value_bytes(&rows.data.batch, start, run.len(), &self.schema);
+            if value_bytes <= self.value_bytes_limit {
+                if self.pack_value_bytes + value_bytes > self.value_bytes_limit {
+                    self.flush_pack()?;
+                }
+                self.pack_value_bytes += value_bytes;
+                self.end_run();
+                if self.pack.is_empty() {
+                    self.pack_limit = block_rows(&run.batch());
+                }
+                self.pack_rows += run.len();
+                self.pack.push((vnode, run.clone()));
+                if self.pack_rows >= self.pack_limit {
+                    self.flush_pack()?;
+                }
+                return Ok(());
             }
-            self.pack_value_bytes += value_bytes;
-            self.end_run();
-            if self.pack.is_empty() {
-                self.pack_limit = block_rows(&run.batch());
-            }
-            self.pack_rows += run.len();
-            self.pack.push((vnode, run.clone()));
-            if self.pack_rows >= self.pack_limit {
-                self.flush_pack()?;
-            }
-            return Ok(());
         }
         let deleted = run.deleted().map(|d| BooleanArray::new(d, None));
         self.begin_run(vnode)?;
@@ -727,7 +719,7 @@ impl RunFile {
             .map(arrow_ipc::convert::fb_to_schema)
             .ok_or_else(|| corrupt(&path, "footer without a schema"))?;
         let expected = [file_schema(desc.schema()), file_schema_v1(desc.schema())];
-        let Some(stored) = expected.into_iter().find(|e| same_columns(&schema, e)) else {
+        let Some(stored) = expected.into_iter().find(|e| same_fields(&schema, e)) else {
             return Err(corrupt(
                 &path,
                 format!(

@@ -273,13 +273,7 @@ pub(super) fn narrow_decimals(
         .collect();
     // A null slot's value means nothing: only a hit is looked at again, null-aware.
     if wrapped && let Some(value) = array.iter().flatten().find(|&v| i64::try_from(v).is_err()) {
-        return Err(Error::InvalidValue {
-            column: column.to_string(),
-            message: format!(
-                "{value} (unscaled) has more digits than its type decimal({precision}, \
-                 {scale}) allows"
-            ),
-        });
+        return Err(Error::decimal_too_long(column, value, precision, scale));
     }
     let narrow = Decimal64Array::new(ScalarBuffer::from(narrow), array.nulls().cloned());
     Ok(Arc::new(narrow.with_precision_and_scale(precision, scale)?))
