@@ -232,22 +232,19 @@ pub(super) fn compact_all(shared: &Arc<Shared>, policy: Policy, stop: &AtomicBoo
     for input in inputs {
         let rows = input.rows();
         if !job.is_empty() && (job[0].table != input.table || job_rows + rows > JOB_ROWS) {
-            if stop.load(Ordering::SeqCst) {
-                return Ok(());
-            }
-            run_job(shared, std::mem::take(&mut job))?;
+            run_job(shared, std::mem::take(&mut job), stop)?;
             job_rows = 0;
         }
         job_rows += rows;
         job.push(input);
     }
-    if !job.is_empty() && !stop.load(Ordering::SeqCst) {
-        run_job(shared, job)?;
-    }
-    Ok(())
+    run_job(shared, job, stop)
 }
 
-fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
+/// Merges one job's vnodes into one new file and installs it; abandoned (its file removed,
+/// nothing installed) if `stop` is set before its last vnode is merged, so a store being
+/// closed waits for one vnode's merge at most, not a whole job's.
+fn run_job(shared: &Arc<Shared>, job: Vec<Input>, stop: &AtomicBool) -> Result<()> {
     let Some(first) = job.first() else {
         return Ok(());
     };
@@ -255,6 +252,9 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>) -> Result<()> {
     let desc = shared.read()?.table(&table)?.desc.clone();
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
+        if stop.load(Ordering::SeqCst) {
+            return writer.abandon();
+        }
         let mut merge = match input.plan {
             Plan::Full => {
                 Merge::Full(MergeReader::new(input.runs.sources(), None, SEGMENT_ROWS)?.filling())
@@ -410,4 +410,76 @@ impl Merge {
 
 fn same_run(a: &DiskRun, b: &DiskRun) -> bool {
     Arc::ptr_eq(&a.file, &b.file) && a.span == b.span
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::{Policy, compact_all};
+    use crate::key::KeyColumn;
+    use crate::store::durable::{DurableOptions, DurableStore};
+    use crate::store::io::RealIo;
+    use crate::store::{Compaction, StateStore, StateTable, StreamChunk, TableDesc};
+    use crate::vnode::{VnodeBitmap, VnodeCount};
+
+    fn delta_counts(store: &DurableStore) -> Vec<usize> {
+        let state = store.shared.read().unwrap();
+        let table = &state.tables["t"];
+        table.vnodes.iter().map(|v| v.deltas.len()).collect()
+    }
+
+    #[test]
+    fn a_stopped_pass_installs_nothing_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = DurableOptions {
+            compaction: Compaction::Manual,
+            ..DurableOptions::default()
+        };
+        let store = DurableStore::open_with(dir.path(), RealIo::shared(), options).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let desc = TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])
+            .unwrap()
+            .with_vnode_count(VnodeCount::new(4).unwrap());
+        let desc = store.create_table(desc).unwrap();
+        let mut table = store
+            .table("t", VnodeBitmap::full(desc.vnode_count()))
+            .unwrap();
+        for epoch in 1..=2u64 {
+            let text = (0..20)
+                .map(|k| format!("+ {}", k * 2 + epoch as i64))
+                .collect::<Vec<_>>();
+            table
+                .write(&StreamChunk::from_text(&schema, &text.join("\n")).unwrap())
+                .unwrap();
+            table.seal(epoch).unwrap();
+            store.commit(epoch).unwrap();
+        }
+        let before = delta_counts(&store);
+        assert!(before.iter().all(|&d| d >= 1), "{before:?}");
+        let files = || std::fs::read_dir(dir.path()).unwrap().count();
+        let files_before = files();
+
+        compact_all(&store.shared, Policy::EVERYTHING, &AtomicBool::new(true)).unwrap();
+        assert_eq!(
+            delta_counts(&store),
+            before,
+            "a stopped pass installs nothing"
+        );
+        assert_eq!(files(), files_before, "the abandoned file is removed");
+
+        compact_all(&store.shared, Policy::EVERYTHING, &AtomicBool::new(false)).unwrap();
+        assert!(delta_counts(&store).iter().all(|&d| d == 0));
+        let rows: usize = (0..4)
+            .map(|v| {
+                table
+                    .committed_rows(crate::vnode::VirtualNode::new(v))
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(rows, 40);
+    }
 }

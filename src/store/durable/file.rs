@@ -479,6 +479,14 @@ impl RunFileWriter {
         Ok((offset, len, crc))
     }
 
+    /// Gives the file up: closes and removes it. (A file left behind by a crash is not named
+    /// by the manifest and is removed the next time the store opens.)
+    pub fn abandon(self) -> Result<()> {
+        let (io, path) = (self.io.clone(), self.path.clone());
+        drop(self);
+        Ok(io.remove(&path)?)
+    }
+
     /// Writes the index and footer, fsyncs, and returns the file (open for reads), its check
     /// values and its runs.
     pub fn finish(mut self) -> Result<(Arc<RunFile>, FileCheck, Vec<RunSpan>)> {
