@@ -8,12 +8,15 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{ByteViewType, Decimal64Type};
-use arrow_array::{
-    Array, ArrayRef, BinaryArray, BinaryViewArray, Decimal64Array, Decimal128Array,
-    GenericByteViewArray, RecordBatch, StringArray, StringViewArray,
+use arrow_array::types::{
+    ByteViewType, Decimal64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
 };
-use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_array::{
+    Array, ArrayRef, ArrowPrimitiveType, BinaryArray, BinaryViewArray, Decimal64Array,
+    Decimal128Array, GenericByteViewArray, RecordBatch, StringArray, StringViewArray,
+};
+use arrow_buffer::{ArrowNativeType, Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_cast::CastOptions;
 use arrow_cast::display::FormatOptions;
 use arrow_data::MAX_INLINE_VIEW_LEN;
@@ -43,9 +46,16 @@ pub(super) fn stored_value_bytes(
         .unwrap_or(0)
 }
 
-/// The bytes of the values of rows `start..start + len` of `column`, or an upper bound.
+/// The bytes of the values of rows `start..start + len` of `column`: exact, and read in
+/// O(`len`) (a dictionary's rows through their keys, never a pass over its values, which a
+/// shared batch of many short runs would pay once per run).
 fn value_bytes(column: &dyn Array, start: usize, len: usize) -> usize {
     let end = start + len;
+    if let Some(dict) = column.as_any_dictionary_opt() {
+        return value_lengths(dict.values().as_ref()).map_or(0, |length| {
+            key_value_bytes(dict.keys(), start, end, length.as_ref())
+        });
+    }
     let views = |views: &[u128]| {
         (views.get(start..end).unwrap_or_default().iter())
             .map(|&v| v as u32 as usize)
@@ -58,10 +68,59 @@ fn value_bytes(column: &dyn Array, start: usize, len: usize) -> usize {
         DataType::Binary => offsets_span(column.as_binary::<i32>().offsets(), start, end),
         DataType::LargeUtf8 => offsets_span(column.as_string::<i64>().offsets(), start, end),
         DataType::LargeBinary => offsets_span(column.as_binary::<i64>().offsets(), start, end),
-        // Each row at most the longest value: a bound.
-        DataType::Dictionary(..) => column.as_any_dictionary_opt().map_or(0, |d| {
-            longest_value(d.values().as_ref()).saturating_mul(len)
-        }),
+        _ => 0,
+    }
+}
+
+/// The byte length of value `i` of a string or binary array (0 past its end); `None` for
+/// other types.
+fn value_lengths(values: &dyn Array) -> Option<Box<dyn Fn(usize) -> usize + '_>> {
+    fn offsets<O: arrow_array::OffsetSizeTrait>(offsets: &[O]) -> Box<dyn Fn(usize) -> usize + '_> {
+        Box::new(move |i| offsets_span(offsets, i, i + 1))
+    }
+    fn views(views: &[u128]) -> Box<dyn Fn(usize) -> usize + '_> {
+        Box::new(move |i| views.get(i).map_or(0, |&v| v as u32 as usize))
+    }
+    Some(match values.data_type() {
+        DataType::Utf8View => views(values.as_string_view().views()),
+        DataType::BinaryView => views(values.as_binary_view().views()),
+        DataType::Utf8 => offsets(values.as_string::<i32>().offsets()),
+        DataType::Binary => offsets(values.as_binary::<i32>().offsets()),
+        DataType::LargeUtf8 => offsets(values.as_string::<i64>().offsets()),
+        DataType::LargeBinary => offsets(values.as_binary::<i64>().offsets()),
+        _ => return None,
+    })
+}
+
+/// The bytes of the values that keys `start..end` of a dictionary point to. A null row's
+/// key counts too (an upper bound then); a key out of range counts 0.
+fn key_value_bytes(
+    keys: &dyn Array,
+    start: usize,
+    end: usize,
+    length: &dyn Fn(usize) -> usize,
+) -> usize {
+    fn sum<K: ArrowPrimitiveType>(
+        keys: &dyn Array,
+        start: usize,
+        end: usize,
+        length: &dyn Fn(usize) -> usize,
+    ) -> usize {
+        keys.as_primitive_opt::<K>().map_or(0, |keys| {
+            (keys.values().get(start..end).unwrap_or_default().iter())
+                .map(|k| k.to_usize().map_or(0, length))
+                .sum()
+        })
+    }
+    match keys.data_type() {
+        DataType::Int8 => sum::<Int8Type>(keys, start, end, length),
+        DataType::Int16 => sum::<Int16Type>(keys, start, end, length),
+        DataType::Int32 => sum::<Int32Type>(keys, start, end, length),
+        DataType::Int64 => sum::<Int64Type>(keys, start, end, length),
+        DataType::UInt8 => sum::<UInt8Type>(keys, start, end, length),
+        DataType::UInt16 => sum::<UInt16Type>(keys, start, end, length),
+        DataType::UInt32 => sum::<UInt32Type>(keys, start, end, length),
+        DataType::UInt64 => sum::<UInt64Type>(keys, start, end, length),
         _ => 0,
     }
 }
@@ -70,25 +129,6 @@ fn value_bytes(column: &dyn Array, start: usize, len: usize) -> usize {
 fn offsets_span<O: arrow_array::OffsetSizeTrait>(offsets: &[O], start: usize, end: usize) -> usize {
     match (offsets.get(start), offsets.get(end)) {
         (Some(first), Some(last)) => (*last - *first).as_usize(),
-        _ => 0,
-    }
-}
-
-/// The length of the longest value of a string or binary array; 0 for other types.
-fn longest_value(values: &dyn Array) -> usize {
-    fn longest_offsets<O: arrow_array::OffsetSizeTrait>(offsets: &[O]) -> usize {
-        (offsets.windows(2).map(|w| (w[1] - w[0]).as_usize()))
-            .max()
-            .unwrap_or(0)
-    }
-    let longest_view = |views: &[u128]| views.iter().map(|&v| v as u32 as usize).max().unwrap_or(0);
-    match values.data_type() {
-        DataType::Utf8View => longest_view(values.as_string_view().views()),
-        DataType::BinaryView => longest_view(values.as_binary_view().views()),
-        DataType::Utf8 => longest_offsets(values.as_string::<i32>().offsets()),
-        DataType::Binary => longest_offsets(values.as_binary::<i32>().offsets()),
-        DataType::LargeUtf8 => longest_offsets(values.as_string::<i64>().offsets()),
-        DataType::LargeBinary => longest_offsets(values.as_binary::<i64>().offsets()),
         _ => 0,
     }
 }
@@ -442,6 +482,58 @@ mod tests {
         let narrow = narrow_decimals(&fine, 15, 2, "l_price").unwrap();
         let narrow = narrow.as_primitive::<Decimal64Type>();
         assert_eq!(narrow.iter().collect::<Vec<_>>(), [Some(5), None, Some(-7)]);
+    }
+
+    #[test]
+    fn value_bytes_count_the_rows_values_in_every_layout() {
+        use arrow_array::types::{Int8Type, UInt16Type};
+        use arrow_array::{DictionaryArray, LargeStringArray};
+        let values = [
+            "",
+            "a",
+            "twelve bytes",
+            "a value longer than twelve bytes",
+            "b",
+        ];
+        let rows: Vec<&str> = (0..40)
+            .map(|i| values[(i * 7 + i / 3) % values.len()])
+            .collect();
+        let expected = |start: usize, len: usize| -> usize {
+            rows[start..start + len].iter().map(|v| v.len()).sum()
+        };
+        let dictionary_values = StringArray::from_iter_values(values);
+        let keys: Vec<usize> = (rows.iter())
+            .map(|r| values.iter().position(|v| v == r).unwrap())
+            .collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(&rows)),
+            Arc::new(StringViewArray::from_iter_values(&rows)),
+            Arc::new(LargeStringArray::from_iter_values(&rows)),
+            Arc::new(BinaryViewArray::from_iter_values(
+                rows.iter().map(|r| r.as_bytes()),
+            )),
+            Arc::new(DictionaryArray::<Int8Type>::new(
+                keys.iter().map(|&k| k as i8).collect(),
+                Arc::new(dictionary_values.clone()),
+            )),
+            Arc::new(DictionaryArray::<UInt16Type>::new(
+                keys.iter().map(|&k| k as u16).collect(),
+                Arc::new(StringViewArray::from_iter_values(values)),
+            )),
+        ];
+        for column in &columns {
+            for (start, len) in [(0, 40), (0, 1), (3, 17), (39, 1), (10, 0)] {
+                assert_eq!(
+                    value_bytes(column.as_ref(), start, len),
+                    expected(start, len),
+                    "{} rows {start}..+{len}",
+                    column.data_type()
+                );
+            }
+            // A slice counts from its own first row.
+            let sliced = column.slice(5, 20);
+            assert_eq!(value_bytes(sliced.as_ref(), 2, 10), expected(7, 10));
+        }
     }
 
     #[test]
