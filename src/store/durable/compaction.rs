@@ -49,6 +49,7 @@ impl Compactor {
         let thread = std::thread::Builder::new()
             .name("backfill-compactor".into())
             .spawn(move || {
+                lower_priority();
                 while rx.recv().is_ok() {
                     while rx.try_recv().is_ok() {}
                     if stop_flag.load(Ordering::SeqCst) {
@@ -95,6 +96,30 @@ impl Drop for Compactor {
         }
     }
 }
+
+/// The compactor thread's nice value: no barrier waits for compaction, so it runs on what
+/// the backfill leaves idle (as RocksDB lowers its compaction threads' CPU priority) and
+/// still makes progress when the cores are busy (a nice-10 thread gets about a tenth of a
+/// core against one at 0). The one compaction a job waits for, the load's, runs on the
+/// job's own thread.
+#[cfg(target_os = "linux")]
+const COMPACTOR_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority to [`COMPACTOR_NICE`]. Best effort: a failure
+/// leaves it as it was. (On Linux the nice value set for a thread id is that thread's own.)
+#[cfg(target_os = "linux")]
+#[expect(unsafe_code, reason = "two libc calls; see SAFETY")]
+fn lower_priority() {
+    // SAFETY: `gettid` takes nothing; `setpriority` takes integers and touches no memory of
+    // ours. Neither can fail in a way that affects anything but this thread's priority.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, COMPACTOR_NICE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority() {}
 
 /// One vnode's inputs.
 struct Input {
