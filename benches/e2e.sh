@@ -7,7 +7,10 @@
 #
 # 1. builds the release `backfill` binary (cargo, from this repository);
 # 2. generates lineitem at scale S into DIR/lineitem-S (kept and reused by later runs);
-# 3. times, N runs each (--timer auto: hyperfine if installed, else bash's clock):
+# 3. times N rounds of three commands, each round running them in turn (--timer bash, the
+#    default, also `auto`: the machine's load hits all three alike, and the ratios shown are
+#    the median of the rounds' own, with their range; --timer hyperfine: N runs of each
+#    command one after another, mean times, for hyperfine's statistics):
 #    - DuckDB (Python package, installed with pip if missing, T threads):
 #      COPY (snapshot UNION ALL changes, without _epoch/_op) TO one zstd Parquet file;
 #    - `backfill replay` with the defaults (merged order, durable, checkpoint every epoch);
@@ -15,7 +18,7 @@
 #    every run into a new output (the previous run's output removed before it, untimed: a
 #    replay is durable and would resume otherwise);
 # 4. runs `backfill verify` on both replay outputs;
-# 5. prints wall times and ratios against the DuckDB copy, with the machine's load.
+# 5. prints mean wall times and ratios against the DuckDB copy, with the machine's load.
 #
 # Defaults: --scale 1, --runs 1, --work target/e2e, --threads 2, --timer auto. Scale 1 is
 # 6.0M snapshot rows and 1.2M changes; it needs a few GB of disk under DIR and takes minutes.
@@ -101,10 +104,8 @@ prepares=(
 )
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
-declare -a seconds
-if [[ "$timer" == auto ]]; then
-  if command -v hyperfine >/dev/null 2>&1; then timer=hyperfine; else timer=bash; fi
-fi
+declare -a seconds ratio_text
+if [[ "$timer" == auto ]]; then timer=bash; fi
 if [[ "$timer" == hyperfine ]]; then
   log "timing with hyperfine ($runs runs each)"
   hyperfine --runs "$runs" --export-json "$work/times.json" --style basic \
@@ -117,11 +118,14 @@ import json, sys
 for r in json.load(open(sys.argv[1]))["results"]:
     print(r["mean"])' "$work/times.json")
 else
-  log "timing with bash ($runs runs each; apt-get install hyperfine for statistics)"
-  for i in "${!commands[@]}"; do
-    total=0
-    for ((r = 0; r < runs; r++)); do
-      log "${names[$i]}, run $((r + 1)) of $runs"
+  # Rounds: each runs the three commands in turn, so a change in the machine's load (it is
+  # shared) hits all three alike; each round gives its own ratios, and the table shows their
+  # median and range.
+  log "timing with bash: $runs round(s) of the three commands in turn"
+  declare -A took
+  for ((r = 0; r < runs; r++)); do
+    for i in "${!commands[@]}"; do
+      log "round $((r + 1)) of $runs: ${names[$i]}"
       bash -c "${prepares[$i]}"
       start=$(date +%s.%N)
       bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
@@ -129,9 +133,24 @@ else
         exit 1
       }
       end=$(date +%s.%N)
-      total=$(awk -v t="$total" -v a="$start" -v b="$end" 'BEGIN { print t + b - a }')
+      took[$i,$r]=$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')
     done
-    seconds[$i]=$(awk -v t="$total" -v n="$runs" 'BEGIN { print t / n }')
+  done
+  for i in "${!commands[@]}"; do
+    times=()
+    ratios=()
+    for ((r = 0; r < runs; r++)); do
+      times+=("${took[$i,$r]}")
+      ratios+=("$(awk -v a="${took[$i,$r]}" -v b="${took[0,$r]}" 'BEGIN { print a / b }')")
+    done
+    seconds[$i]=$(printf '%s\n' "${times[@]}" | awk '{ t += $1 } END { print t / NR }')
+    ratio_text[$i]=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '
+      { r[NR] = $1 }
+      END {
+        m = (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
+        if (NR == 1) printf "%.2fx", m
+        else printf "%.2fx (%.2f to %.2f)", m, r[1], r[NR]
+      }')
   done
 fi
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -168,7 +187,7 @@ echo "|---|---|---|---|"
 base="${seconds[0]}"
 notes=("-" "${verdict[0]}" "${verdict[1]}")
 for i in "${!names[@]}"; do
-  printf '| %s | %.1f s | %.2fx | %s |\n' "${names[$i]}" "${seconds[$i]}" \
-    "$(awk -v s="${seconds[$i]}" -v b="$base" 'BEGIN { print s / b }')" "${notes[$i]}"
+  ratio="${ratio_text[$i]:-$(awk -v s="${seconds[$i]}" -v b="$base" 'BEGIN { printf "%.2fx", s / b }')}"
+  printf '| %s | %.1f s | %s | %s |\n' "${names[$i]}" "${seconds[$i]}" "$ratio" "${notes[$i]}"
 done
 for v in "${verdict[@]}"; do [[ "$v" == verified ]] || exit 1; done
