@@ -134,6 +134,7 @@ else
       }
       end=$(date +%s.%N)
       took[$i,$r]=$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')
+      log "  $(printf '%.2f' "${took[$i,$r]}") s"
     done
   done
   for i in "${!commands[@]}"; do
