@@ -218,50 +218,60 @@ fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     }
 }
 
+/// The vnodes due for compaction by [`plan`] (all of them, or those given deltas since the
+/// last pass, which this forgets).
+fn due(shared: &Arc<Shared>, policy: Policy) -> Result<Vec<Input>> {
+    let mut state = shared.write()?;
+    state.check_ok()?;
+    let mut inputs = Vec::new();
+    for (name, t) in state.tables.iter_mut() {
+        // A vnode not due now becomes due only by gaining a delta, which marks it again.
+        let vnodes: Vec<u16> = if policy.all_vnodes {
+            (0..t.vnodes.len() as u16).collect()
+        } else {
+            std::mem::take(&mut t.dirty).into_iter().collect()
+        };
+        for v in vnodes {
+            let Some(runs) = t.vnodes.get(usize::from(v)) else {
+                return Err(Error::Internal(format!("dirty vnode {v} out of range")));
+            };
+            if let Some(plan) = plan(runs, policy) {
+                inputs.push(Input {
+                    table: name.clone(),
+                    vnode: VirtualNode::new(v),
+                    runs: runs.clone(),
+                    plan,
+                });
+            }
+        }
+    }
+    Ok(inputs)
+}
+
 /// Compacts every vnode due for it by [`plan`].
 pub(super) fn compact_all(shared: &Arc<Shared>, policy: Policy, stop: &AtomicBool) -> Result<()> {
     let _pass = shared
         .compaction_lock
         .lock()
         .map_err(|_| Error::Internal("compaction lock poisoned".into()))?;
-    let inputs: Vec<Input> = {
-        let mut state = shared.write()?;
-        state.check_ok()?;
-        let mut inputs = Vec::new();
-        for (name, t) in state.tables.iter_mut() {
-            // A vnode not due now becomes due only by gaining a delta, which marks it again.
-            let vnodes: Vec<u16> = if policy.all_vnodes {
-                (0..t.vnodes.len() as u16).collect()
-            } else {
-                std::mem::take(&mut t.dirty).into_iter().collect()
-            };
-            for v in vnodes {
-                let Some(runs) = t.vnodes.get(usize::from(v)) else {
-                    return Err(Error::Internal(format!("dirty vnode {v} out of range")));
-                };
-                if let Some(plan) = plan(runs, policy) {
-                    inputs.push(Input {
-                        table: name.clone(),
-                        vnode: VirtualNode::new(v),
-                        runs: runs.clone(),
-                        plan,
-                    });
-                }
-            }
-        }
-        inputs
-    };
+    let inputs = due(shared, policy)?;
     // Group consecutive vnodes of one table into jobs of bounded size.
     let mut job: Vec<Input> = Vec::new();
     let mut job_rows = 0u64;
     for input in inputs {
         let rows = input.rows();
         if !job.is_empty() && (job[0].table != input.table || job_rows + rows > JOB_ROWS) {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
             run_job(shared, std::mem::take(&mut job), stop)?;
             job_rows = 0;
         }
         job_rows += rows;
         job.push(input);
+    }
+    if stop.load(Ordering::SeqCst) {
+        return Ok(());
     }
     run_job(shared, job, stop)
 }
@@ -278,7 +288,10 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>, stop: &AtomicBool) -> Result<(
     let mut writer = shared.new_file(&desc)?;
     for input in &job {
         if stop.load(Ordering::SeqCst) {
-            return writer.abandon();
+            // Best effort: a file left behind is named by no manifest and is removed the next
+            // time the store opens; a store being closed is not failed for it.
+            let _ = writer.abandon();
+            return Ok(());
         }
         let mut merge = match input.plan {
             Plan::Full => {
@@ -444,7 +457,7 @@ mod tests {
 
     use arrow_schema::{DataType, Field, Schema};
 
-    use super::{Policy, compact_all};
+    use super::{Policy, compact_all, due, run_job};
     use crate::key::KeyColumn;
     use crate::store::durable::{DurableOptions, DurableStore};
     use crate::store::io::RealIo;
@@ -488,11 +501,18 @@ mod tests {
         let files = || std::fs::read_dir(dir.path()).unwrap().count();
         let files_before = files();
 
+        // A pass stopped before it starts does nothing.
         compact_all(&store.shared, Policy::EVERYTHING, &AtomicBool::new(true)).unwrap();
+        assert_eq!(delta_counts(&store), before);
+        assert_eq!(files(), files_before);
+        // A job stopped before its first vnode: its file is created, then given up.
+        let inputs = due(&store.shared, Policy::EVERYTHING).unwrap();
+        assert_eq!(inputs.len(), 4);
+        run_job(&store.shared, inputs, &AtomicBool::new(true)).unwrap();
         assert_eq!(
             delta_counts(&store),
             before,
-            "a stopped pass installs nothing"
+            "a stopped job installs nothing"
         );
         assert_eq!(files(), files_before, "the abandoned file is removed");
 
