@@ -85,8 +85,9 @@ impl Compactor {
 
 impl Drop for Compactor {
     fn drop(&mut self) {
-        // Stop between jobs and wait, so the store (and its directory lock) is released
-        // when its last handle goes.
+        // Stop before the next vnode (the job under way is given up) and wait, so the store
+        // (and its directory lock) is released when its last handle goes. What was left is
+        // due again when the store next opens: every vnode is looked at then.
         self.stop.store(true, Ordering::SeqCst);
         self.tx.take();
         if let Some(thread) = self.thread.take()
