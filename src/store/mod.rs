@@ -33,6 +33,7 @@ pub mod durable;
 pub mod io;
 mod memory;
 pub(crate) mod run;
+mod scatter;
 
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};

@@ -23,6 +23,7 @@ use crate::chunk::{Op, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::key::KeyPrefix;
 use crate::store::KeyedBatch;
+use crate::store::scatter::{Destinations, scatter};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -331,37 +332,6 @@ fn with_views(column: ArrayRef, views: Views) -> ArrayRef {
     }
 }
 
-/// `take_record_batch(batch, indices)` with its views as `views` says, and the encoded keys
-/// taken alike: every column gathered (and, for [`Views::Compact`], its views compacted) on
-/// its own rayon task.
-///
-/// A bulk load gathers each epoch's buffered rows into vnode-then-key order once; on one
-/// thread, that gather was the load's longest piece of work (lineitem scale 1, about a third
-/// of the loading thread).
-pub(crate) fn take_keyed(
-    batch: &RecordBatch,
-    keys: &BinaryArray,
-    indices: &UInt32Array,
-    views: Views,
-) -> Result<KeyedBatch> {
-    let (columns, keys) = rayon::join(
-        || {
-            (batch.columns().par_iter())
-                .map(|column| -> Result<ArrayRef> {
-                    let column = arrow_select::take::take(column.as_ref(), indices, None)?;
-                    Ok(with_views(column, views))
-                })
-                .collect::<Result<Vec<_>>>()
-        },
-        || arrow_select::take::take(keys, indices, None),
-    );
-    let options = RecordBatchOptions::new().with_row_count(Some(indices.len()));
-    Ok(KeyedBatch {
-        batch: RecordBatch::try_new_with_options(batch.schema(), columns?, &options)?,
-        keys: keys?.as_binary::<i32>().clone(),
-    })
-}
-
 /// Which runs of a stack (sizes oldest first) to merge into one when it has grown too tall:
 /// the newest ones, back to the first older run that holds more than twice their rows, and
 /// at least two (returns the index of the oldest). Merged runs form size tiers, each at least
@@ -517,36 +487,42 @@ pub(crate) fn build_sliced_runs(
 }
 
 /// The rows `rows` (numbered through `batches` one after another) of the batches, with
-/// their `keys`: [`take_keyed`] of a single batch, an `interleave` of several (every column
-/// on its own rayon task, views as `views` says).
+/// their `keys`: every column on its own rayon task, views as `views` says.
+///
+/// Columns of the types [`scatter`] handles (primitives, string and binary views: all of a
+/// table read from Parquet) are scattered, the rest gathered (`take` of a single batch, an
+/// `interleave` of several).
 fn gather_keyed(
     batches: &[&RecordBatch],
     keys: &BinaryArray,
     rows: Vec<u32>,
     views: Views,
 ) -> Result<KeyedBatch> {
-    let indices = UInt32Array::from(rows);
-    let first = match batches {
-        [] => return Err(internal!("a gather of no batch")),
-        [batch] => return take_keyed(batch, keys, &indices, views),
-        [first, ..] => first,
+    let Some(first) = batches.first() else {
+        return Err(internal!("a gather of no batch"));
     };
-    // Each row's (batch, row within it).
-    let mut starts = Vec::with_capacity(batches.len());
-    let mut at = 0usize;
-    for batch in batches {
-        starts.push(at);
-        at += batch.num_rows();
-    }
-    let pairs: Vec<(usize, usize)> = indices
-        .values()
-        .iter()
-        .map(|&row| {
-            let row = row as usize;
-            let batch = starts.partition_point(|&start| start <= row) - 1;
-            (batch, row - starts[batch])
+    let input_rows = batches.iter().map(|b| b.num_rows()).sum();
+    let dest = Destinations::of_take(&rows, input_rows)?;
+    let indices = UInt32Array::from(rows);
+    // Each row's (batch, row within it), for the columns gathered.
+    let pairs = std::sync::OnceLock::new();
+    let pairs = || {
+        pairs.get_or_init(|| {
+            let mut starts = Vec::with_capacity(batches.len());
+            let mut at = 0usize;
+            for batch in batches {
+                starts.push(at);
+                at += batch.num_rows();
+            }
+            (indices.values().iter())
+                .map(|&row| {
+                    let row = row as usize;
+                    let batch = starts.partition_point(|&start| start <= row) - 1;
+                    (batch, row - starts[batch])
+                })
+                .collect::<Vec<(usize, usize)>>()
         })
-        .collect();
+    };
     let (columns, keys) = rayon::join(
         || {
             (0..first.num_columns())
@@ -554,7 +530,11 @@ fn gather_keyed(
                 .map(|c| -> Result<ArrayRef> {
                     let column: Vec<&dyn Array> =
                         batches.iter().map(|b| b.column(c).as_ref()).collect();
-                    let column = arrow_select::interleave::interleave(&column, &pairs)?;
+                    let column = match (scatter(&column, &dest), column.as_slice()) {
+                        (Some(scattered), _) => scattered,
+                        (None, [single]) => arrow_select::take::take(*single, &indices, None)?,
+                        (None, _) => arrow_select::interleave::interleave(&column, pairs())?,
+                    };
                     Ok(with_views(column, views))
                 })
                 .collect::<Result<Vec<_>>>()
