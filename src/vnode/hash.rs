@@ -17,7 +17,7 @@ use arrow_array::types::{
     UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, GenericByteViewArray, PrimitiveArray};
-use arrow_data::ByteView;
+use arrow_data::{ByteView, MAX_INLINE_VIEW_LEN};
 use arrow_schema::{DataType, TimeUnit};
 
 use crate::error::{Error, Result};
@@ -256,9 +256,10 @@ impl Fold for Crc32 {
 
 /// A 64-bit row hash: each value, widened to 64-bit words, is folded in with a 64x64->128
 /// multiply whose halves are xored ("mum", as in wyhash). A 128-bit value (a decimal) and
-/// each 16 bytes of a string (the last ones zero-padded) take one multiply of both halves;
-/// a string then folds in its length, which tells the padding, the empty string and where
-/// one column's string ends from the next. Not a format (nothing persists it); finish a row
+/// each 16 bytes of a string (up to 12 bytes zero-padded, longer ones ending with their
+/// last 16, see [`Fold::bytes`] below) take one multiply of both halves; a string then folds
+/// in its length, which tells the padding, the empty string and where one column's string
+/// ends from the next. Not a format (nothing persists it); finish a row
 /// with [`mix64`].
 pub(crate) struct Mix64;
 
@@ -277,6 +278,16 @@ impl Mix64 {
     #[inline(always)]
     fn pair(s: u64, lo: u64, hi: u64) -> u64 {
         mum(s ^ lo, MIX_K ^ hi ^ s.rotate_left(29)).wrapping_add(s)
+    }
+
+    /// The little-endian word of the 8 bytes from `at` (callers keep `at + 8 <= v.len()`).
+    #[inline(always)]
+    fn word_at(v: &[u8], at: usize) -> u64 {
+        let mut w = [0u8; 8];
+        if let Some(bytes) = v.get(at..at + 8) {
+            w.copy_from_slice(bytes);
+        }
+        u64::from_le_bytes(w)
     }
 
     /// The little-endian word of up to 8 bytes, zero-padded.
@@ -314,19 +325,27 @@ impl Fold for Mix64 {
     fn u128(s: u64, v: u128) -> u64 {
         Self::pair(s, v as u64, (v >> 64) as u64)
     }
+    /// Up to 12 bytes (what a view holds inline): one zero-padded block, as
+    /// [`Fold::inline_view`] reads it from the view. Longer: each block of 16 but the last,
+    /// then the last 16 bytes (the first 8 and the last 8 under 16), overlapping the block
+    /// before: every read a whole word, no copy of a tail of any length. Both cover every
+    /// byte, and the length follows.
     #[inline(always)]
     fn bytes(mut s: u64, v: &[u8]) -> u64 {
-        let mut blocks = v.chunks_exact(16);
-        for block in &mut blocks {
-            let (lo, hi) = block.split_at(8);
+        let n = v.len();
+        if n > MAX_INLINE_VIEW_LEN as usize {
+            let mut at = 0;
+            while at + 16 < n {
+                s = Self::pair(s, Self::word_at(v, at), Self::word_at(v, at + 8));
+                at += 16;
+            }
+            let last = n.saturating_sub(16);
+            s = Self::pair(s, Self::word_at(v, last), Self::word_at(v, n - 8));
+        } else if n > 0 {
+            let (lo, hi) = v.split_at(n.min(8));
             s = Self::pair(s, Self::word(lo), Self::word(hi));
         }
-        let tail = blocks.remainder();
-        if !tail.is_empty() {
-            let (lo, hi) = tail.split_at(tail.len().min(8));
-            s = Self::pair(s, Self::word(lo), Self::word(hi));
-        }
-        Self::u64(s, v.len() as u64)
+        Self::u64(s, n as u64)
     }
     /// The length already ends the bytes: no terminator.
     #[inline(always)]

@@ -848,6 +848,31 @@ fn mix64_is_the_same_for_every_string_layout() {
     // Equal values hash equal wherever they sit in an array (offsets, slices).
     let sliced = arc(StringArray::from(values.to_vec())).slice(1, 3);
     assert_eq!(mix_of(&[sliced]), plain[1..].to_vec());
+    // Every length: inline views (up to 12 bytes), one block, overlapping last blocks.
+    let text = "the quick brown fox jumps over the lazy dog";
+    let every: Vec<&str> = (0..=text.len()).map(|n| &text[..n]).collect();
+    let plain = mix_of(&[arc(StringArray::from(every.clone()))]);
+    assert_eq!(mix_of(&[arc(StringViewArray::from(every.clone()))]), plain);
+    assert_eq!(mix_of(&[arc(LargeStringArray::from(every))]), plain);
+}
+
+#[test]
+fn mix64_covers_every_byte_of_a_string() {
+    // A change of any one byte, at any length (the last block of a long string overlaps the
+    // one before it), changes the hash.
+    let text: Vec<u8> = (0..48u8).map(|i| b'a' + i % 26).collect();
+    for n in 1..=text.len() {
+        let value = &text[..n];
+        let mut changed: Vec<Vec<u8>> = vec![value.to_vec()];
+        for at in 0..n {
+            let mut v = value.to_vec();
+            v[at] ^= 0x20;
+            changed.push(v);
+        }
+        let hashes = mix_of(&[arc(BinaryArray::from_iter_values(changed.iter()))]);
+        let distinct: std::collections::HashSet<u64> = hashes.iter().copied().collect();
+        assert_eq!(distinct.len(), hashes.len(), "length {n}");
+    }
 }
 
 #[test]
