@@ -83,7 +83,7 @@
 //! ```
 
 mod builder;
-mod cursor;
+pub(crate) mod cursor;
 mod input;
 mod kway;
 mod loser_tree;
