@@ -173,9 +173,8 @@ fn scatter_views<T: ByteViewType>(
     // the number of buffers of the pieces before its own, which is where `buffers` holds
     // that piece's buffers (the list fits u32 indices, checked above); offset, length and
     // prefix are unchanged, so each view still describes the same valid bytes (UTF-8 for
-    // strings). Each output slot holds one view: `Destinations` takes each input row at
-    // most once and puts `len` rows in `0..len`, so no slot is left at the zero view other
-    // than by an input's own empty value.
+    // strings). `Destinations` puts exactly one input row in each of the `len` slots; a
+    // slot left unwritten would hold the zero view, itself a valid (empty, inline) value.
     let array = unsafe { GenericByteViewArray::<T>::new_unchecked(out.into(), buffers, nulls) };
     Some(Arc::new(array))
 }
@@ -187,7 +186,8 @@ fn rebase(view: u128, base: u32) -> u128 {
         view
     } else {
         let mut long = ByteView::from(view);
-        long.buffer_index += base;
+        // Wrapping: a null slot's view may hold anything, and is never read.
+        long.buffer_index = long.buffer_index.wrapping_add(base);
         long.as_u128()
     }
 }
