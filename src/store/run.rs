@@ -413,9 +413,9 @@ pub(crate) fn build_runs(
 /// as its share.
 ///
 /// `batches` are read as one: rows numbered through them in order, `ops` and `vnodes` one
-/// per row. Several batches are gathered straight into the sorted one (`interleave`), not
-/// concatenated first: a bulk load's pieces are tens of MB, and the concatenation was a
-/// whole extra copy of each.
+/// per row. Several batches are reordered straight into the sorted one (scattered, see
+/// `gather_keyed`), not concatenated first: a bulk load's pieces are tens of MB, and the
+/// concatenation was a whole extra copy of each.
 pub(crate) fn build_sliced_runs(
     desc: &TableDesc,
     batches: &[&RecordBatch],
