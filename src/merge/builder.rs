@@ -27,24 +27,17 @@
 //!
 //! The builder also counts, per input, the rows in the output and the output row of its last
 //! one: that becomes the vnode's [`VnodeAdvance`].
-//!
-//! As an input's rows are recorded, the builder asks the CPU for the values of its next few
-//! rows (a prefetch hint per fixed-width column, once per 8 rows): they are gathered an
-//! output later, and with hundreds of inputs no hardware prefetcher follows them.
 
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{
-    Array, ArrowPrimitiveType, BinaryArray, PrimitiveArray, RecordBatch, downcast_primitive_array,
-};
-use arrow_schema::{DataType, Schema, SchemaRef};
+use arrow_array::{Array, BinaryArray, RecordBatch};
+use arrow_schema::{Schema, SchemaRef};
 use arrow_select::interleave::{interleave, interleave_record_batch};
 
 use crate::error::{Result, internal};
 use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
-use crate::merge::cursor::prefetch;
 use crate::store::KeyedBatch;
 use crate::store::run::{Rows, Run};
 use crate::vnode::VirtualNode;
@@ -62,47 +55,6 @@ pub(crate) fn empty_batch(schema: Option<&SchemaRef>) -> KeyedBatch {
 #[derive(Debug)]
 struct Slot {
     run: Run,
-    /// Where each fixed-width column's values start in the run's shared rows, and their
-    /// width, for [`OutputBuilder::push_rows`]'s prefetch ([`value_lines`]).
-    lines: Vec<ValueLine>,
-}
-
-/// The address of a column's first value in a batch (a number: only ever a prefetch hint,
-/// never dereferenced) and the bytes of each value.
-#[derive(Debug, Clone, Copy)]
-struct ValueLine {
-    address: usize,
-    width: usize,
-}
-
-/// Rows of an input whose values a prefetch asks for at once: one 64-byte line of 8-byte
-/// values.
-const PREFETCH_GROUP: usize = 8;
-
-/// The values of `batch`'s fixed-width columns (primitives, and the views of strings and
-/// binaries); other columns have none.
-fn value_lines(batch: &RecordBatch) -> Vec<ValueLine> {
-    fn of<T: ArrowPrimitiveType>(array: &PrimitiveArray<T>) -> ValueLine {
-        ValueLine {
-            address: array.values().as_ptr() as usize,
-            width: size_of::<T::Native>(),
-        }
-    }
-    let views = |views: &[u128]| ValueLine {
-        address: views.as_ptr() as usize,
-        width: size_of::<u128>(),
-    };
-    (batch.columns().iter())
-        .filter_map(|column| {
-            let column = column.as_ref();
-            downcast_primitive_array!(
-                column => Some(of(column)),
-                DataType::Utf8View => Some(views(column.as_string_view().views())),
-                DataType::BinaryView => Some(views(column.as_binary_view().views())),
-                _ => None,
-            )
-        })
-        .collect()
 }
 
 /// What one input contributed to the output being built.
@@ -182,8 +134,7 @@ impl OutputBuilder {
             // The input has rows in this output and moves on to new rows mid-build.
             self.current_used[input] = self.add_source(&run);
         }
-        let lines = value_lines(&run.rows().0.data.batch);
-        let slot = Slot { run, lines };
+        let slot = Slot { run };
         let id = match self.free.pop() {
             Some(id) => {
                 self.slots[id] = Some(slot);
@@ -237,15 +188,6 @@ impl OutputBuilder {
         }
         let (source, offset) = self.current_used[input];
         let start = offset + start;
-        // Entering a new group of rows: ask for the next group's values. An output of a
-        // merge of hundreds of inputs holds a few rows of each; by the time a row is gathered
-        // (`build`), its block was read long ago and has left the caches, and the gather
-        // waited on every line (lineitem scale 1, merged: a third fewer samples in
-        // `interleave_primitive`; `merge/256x1M/kway` 2.5% faster).
-        let end = start + n;
-        if (end - 1) / PREFETCH_GROUP != start.wrapping_sub(1) / PREFETCH_GROUP {
-            self.prefetch_values(input, end - 1);
-        }
         let tally = &mut self.tallies[input];
         tally.rows += n;
         if n == 1 {
@@ -256,24 +198,6 @@ impl OutputBuilder {
         }
         tally.last_out_row = self.indices.len() - 1;
         Ok(())
-    }
-
-    /// Prefetches the values of the group of rows after the one holding `row` (a row of the
-    /// shared rows of `input`'s current slot).
-    #[inline]
-    fn prefetch_values(&self, input: usize, row: usize) {
-        let Some(Some(slot)) = self.current[input].and_then(|id| self.slots.get(id)) else {
-            return;
-        };
-        let next = (row / PREFETCH_GROUP + 1) * PREFETCH_GROUP;
-        for line in &slot.lines {
-            let first = line.address.wrapping_add(next.wrapping_mul(line.width));
-            prefetch(first as *const u8);
-            if line.width * PREFETCH_GROUP > 64 {
-                // Views: 16 bytes each, a group spans two lines.
-                prefetch(first.wrapping_add(64) as *const u8);
-            }
-        }
     }
 
     /// When every recorded row is one contiguous stretch of one shared batch: its first row.

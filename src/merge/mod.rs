@@ -83,7 +83,7 @@
 //! ```
 
 mod builder;
-pub(crate) mod cursor;
+mod cursor;
 mod input;
 mod kway;
 mod loser_tree;

@@ -257,7 +257,7 @@ const PREFETCH_AHEAD: usize = 8;
 /// requested when it advances has arrived by then (`merge/256x1M/kway`: +17%).
 #[inline]
 #[allow(unsafe_code, reason = "a prefetch hint; see SAFETY")]
-pub(crate) fn prefetch<T>(address: *const T) {
+fn prefetch<T>(address: *const T) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
