@@ -30,6 +30,13 @@
 //! a `MemoryStore` (whose commit folds the deltas into its base). The changes are generated
 //! before the loop; the live file count after each commit shows whether compaction keeps up.
 //!
+//! `durable_load/256v_1M/{key_order,shuffled}`: a bulk load of 1M rows (`Utf8View` strings,
+//! as a replay reads them from Parquet) into a new 256-vnode table, written in one epoch
+//! (chunks of 256k rows), sealed and committed, on a new store each time (its directory made
+//! and removed outside the timing): the load's reorder into vnode-then-key order, its spills
+//! and its commit. `key_order` writes the rows in key order (a table exported from an
+//! arrangement), `shuffled` in the spread order of `key_of`.
+//!
 //! Run with `cargo bench --bench durable [-- FILTER]`; FILTER selects by substring (for the
 //! commit-latency runs) and by criterion's rules (for the rest). In `--test` mode the commit
 //! loop runs once on a small table.
@@ -673,6 +680,85 @@ impl Args {
     }
 }
 
+const LOAD_ROWS: usize = 1_000_000;
+
+/// Rows with ids `ids` whose keys are the ids themselves (in key order when the ids are),
+/// with random values and `Utf8View` strings.
+fn ordered_rows(ids: std::ops::Range<u64>, rng: &mut StdRng) -> RecordBatch {
+    let batch = rows(ids.clone(), rng);
+    let mut columns = batch.columns().to_vec();
+    columns[0] = Arc::new(Int64Array::from_iter_values(ids.map(|id| id as i64)));
+    columns[2] = arrow_cast::cast(&columns[2], &DataType::Utf8View).unwrap();
+    RecordBatch::try_new(schema_with(&DataType::Utf8View), columns).unwrap()
+}
+
+/// Writes `chunks` into a new 256-vnode store in `dir` in one epoch, seals and commits it.
+fn bulk_load(dir: &Path, chunks: &[RecordBatch]) -> usize {
+    let store = DurableStore::open(dir).unwrap();
+    store
+        .create_table(desc_with(&DataType::Utf8View, 256))
+        .unwrap();
+    let full = VnodeBitmap::full(VnodeCount::new(256).unwrap());
+    let mut table = store.table("t", full).unwrap();
+    for chunk in chunks {
+        table.write(&StreamChunk::inserts(chunk.clone())).unwrap();
+    }
+    table.seal(1).unwrap();
+    store.commit(1).unwrap();
+    chunks.iter().map(RecordBatch::num_rows).sum()
+}
+
+fn durable_load(c: &mut Criterion) {
+    const CHUNK: usize = 1 << 18;
+    let mut rng = StdRng::seed_from_u64(SEED);
+    let key_order: Vec<RecordBatch> = (0..LOAD_ROWS)
+        .step_by(CHUNK)
+        .map(|start| {
+            ordered_rows(
+                start as u64..(start + CHUNK).min(LOAD_ROWS) as u64,
+                &mut rng,
+            )
+        })
+        .collect();
+    // The same rows with spread keys: `key_of` of each id.
+    let shuffled: Vec<RecordBatch> = (key_order.iter())
+        .map(|batch| {
+            let mut columns = batch.columns().to_vec();
+            let ids = batch.column(0).as_primitive::<Int64Type>();
+            columns[0] = Arc::new(Int64Array::from_iter_values(
+                ids.values().iter().map(|&id| key_of(id as u64)),
+            ));
+            RecordBatch::try_new(batch.schema(), columns).unwrap()
+        })
+        .collect();
+    let mut group = c.benchmark_group(load_ids().0);
+    group
+        .throughput(Throughput::Elements(LOAD_ROWS as u64))
+        .sample_size(10);
+    for (name, chunks) in [("key_order", &key_order), ("shuffled", &shuffled)] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || tempfile::tempdir().unwrap(),
+                |dir| {
+                    assert_eq!(bulk_load(dir.path(), chunks), LOAD_ROWS);
+                    dir
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
+fn load_ids() -> (String, Vec<String>) {
+    let group = format!("durable_load/256v_{}M", LOAD_ROWS / 1_000_000);
+    let ids = ["key_order", "shuffled"]
+        .iter()
+        .map(|f| format!("{group}/{f}"))
+        .collect();
+    (group, ids)
+}
+
 fn scan_ids() -> (String, Vec<String>) {
     let group = format!("durable_scan/1v_{}M", SCAN_ROWS / 1_000_000);
     let ids = [
@@ -704,7 +790,10 @@ fn resume_ids() -> (String, Vec<String>) {
 fn main() {
     let args = Args::parse();
     if args.list {
-        for id in scan_ids().1.into_iter().chain(resume_ids().1) {
+        for id in (scan_ids().1.into_iter())
+            .chain(resume_ids().1)
+            .chain(load_ids().1)
+        {
             println!("{id}: benchmark");
         }
         commit_latency(&args);
@@ -719,6 +808,9 @@ fn main() {
     }
     if args.selects_any(&resume_ids().1) {
         durable_resume(&mut c);
+    }
+    if args.selects_any(&load_ids().1) {
+        durable_load(&mut c);
     }
     commit_latency(&args);
     c.final_summary();

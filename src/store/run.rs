@@ -486,12 +486,26 @@ pub(crate) fn build_sliced_runs(
     Ok((runs, per_row))
 }
 
+/// Output rows a stretch of input rows in input order must average for [`gather_keyed`] to
+/// scatter: below it, the scatter's writes jump as much as a gather's reads do, and its
+/// destinations cost a pass more.
+const MIN_SCATTER_STRETCH: usize = 64;
+
+/// Whether `rows` (a gather order) keeps the input's order in stretches of
+/// [`MIN_SCATTER_STRETCH`] rows or more on average: each vnode's rows of an input in key
+/// order, as a table exported in key order gives.
+fn keeps_input_order(rows: &[u32]) -> bool {
+    let stretches = 1 + rows.windows(2).filter(|w| w[1] < w[0]).count();
+    rows.len() >= stretches * MIN_SCATTER_STRETCH
+}
+
 /// The rows `rows` (numbered through `batches` one after another) of the batches, with
 /// their `keys`: every column on its own rayon task, views as `views` says.
 ///
-/// Columns of the types [`scatter`] handles (primitives, string and binary views: all of a
-/// table read from Parquet) are scattered, the rest gathered (`take` of a single batch, an
-/// `interleave` of several).
+/// When the order keeps the input's ([`keeps_input_order`]), columns of the types
+/// [`scatter`] handles (primitives, string and binary views: all of a table read from
+/// Parquet) are scattered; the rest, and every column otherwise, are gathered (`take` of a
+/// single batch, an `interleave` of several).
 fn gather_keyed(
     batches: &[&RecordBatch],
     keys: &BinaryArray,
@@ -502,7 +516,11 @@ fn gather_keyed(
         return Err(internal!("a gather of no batch"));
     };
     let input_rows = batches.iter().map(|b| b.num_rows()).sum();
-    let dest = Destinations::of_take(&rows, input_rows)?;
+    let dest = if keeps_input_order(&rows) {
+        Some(Destinations::of_take(&rows, input_rows)?)
+    } else {
+        None
+    };
     let indices = UInt32Array::from(rows);
     // Each row's (batch, row within it), for the columns gathered.
     let pairs = std::sync::OnceLock::new();
@@ -530,7 +548,8 @@ fn gather_keyed(
                 .map(|c| -> Result<ArrayRef> {
                     let column: Vec<&dyn Array> =
                         batches.iter().map(|b| b.column(c).as_ref()).collect();
-                    let column = match (scatter(&column, &dest), column.as_slice()) {
+                    let scattered = dest.as_ref().and_then(|dest| scatter(&column, dest));
+                    let column = match (scattered, column.as_slice()) {
                         (Some(scattered), _) => scattered,
                         (None, [single]) => arrow_select::take::take(*single, &indices, None)?,
                         (None, _) => arrow_select::interleave::interleave(&column, pairs())?,
@@ -1296,5 +1315,19 @@ mod tests {
                     .is_err()
             );
         }
+    }
+
+    #[test]
+    fn only_orders_that_keep_long_stretches_of_the_input_are_scattered() {
+        // Eight vnodes, each taking its rows of a key-ordered input in input order.
+        let by_vnode: Vec<u32> = (0..8u32)
+            .flat_map(|v| (0..4096u32).filter(move |r| r % 8 == v))
+            .collect();
+        assert!(keeps_input_order(&by_vnode));
+        assert!(keeps_input_order(&(0..100).collect::<Vec<u32>>()));
+        // A shuffled input: every other row goes back.
+        let zigzag: Vec<u32> = (0..4096u32).map(|r| r ^ 1).collect();
+        assert!(!keeps_input_order(&zigzag));
+        assert!(!keeps_input_order(&(0..4096u32).rev().collect::<Vec<_>>()));
     }
 }
