@@ -25,6 +25,7 @@ mod certificate;
 mod column_writer;
 mod control;
 mod dispatcher;
+mod encoding;
 mod handle;
 mod progress;
 pub mod replay;

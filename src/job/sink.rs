@@ -44,26 +44,23 @@
 //! [`ParquetSink::with_key_statistics`]). A file is ordered by epoch, then key or vnode and
 //! key: statistics of the key, `_epoch`, numbers and dates let a reader skip row groups and
 //! pages, those of free text, flags and modes hardly ever do (every page holds a spread of
-//! them), and they cost the most to compute (a byte-wise compare a value).
+//! them), and they cost the most to compute (a byte-wise compare a value). Encodings,
+//! dictionaries and compression are chosen per column from a sample of the first rows
+//! (`job::encoding`).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::{DataType, SchemaRef};
-use hashbrown::HashSet;
-use parquet::arrow::ArrowSchemaConverter;
-use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
+use arrow_schema::SchemaRef;
+use parquet::file::properties::WriterProperties;
 
 use crate::chunk::{StreamChunk, changelog_schema};
 use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::job::column_writer::ColumnParallelWriter;
+use crate::job::encoding::EncodingChoice;
 use crate::store::io::{StorageIo, WriteFile, named};
 use crate::table::TableDesc;
 
@@ -350,7 +347,7 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
     let mut rows = 0u64;
     let mut failed: Option<Error> = None;
     let mut digest: Option<(Arc<TableDesc>, TableDigest)> = None;
-    let mut dictionaries = DictionaryChoice::default();
+    let mut encodings = EncodingChoice::default();
     let mut key_columns: Vec<String> = Vec::new();
     let mut next: Option<Job> = None;
     loop {
@@ -401,12 +398,12 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
                                      {closed} was closed"
                                 ));
                             }
-                            let props = writer_properties(schema, &dictionaries, &key_columns)?;
+                            let props = encodings.writer_properties(schema, &key_columns)?;
                             current.insert(OpenFile::create(target, schema, epoch, props)?)
                         }
                     };
                     for batch in &batches {
-                        dictionaries.observe(batch);
+                        encodings.observe(batch, schema, &key_columns)?;
                     }
                     let digested = || -> Result<()> {
                         if let Some((desc, digest)) = &mut digest {
@@ -511,177 +508,6 @@ impl OpenFile {
         drop(self.writer);
         let _ = target.io.remove(&self.path);
     }
-}
-
-/// Whether the sink may dictionary-encode a column of `data_type`: strings and binaries
-/// only, and among them only those whose values repeat ([`DictionaryChoice`]).
-///
-/// Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): dictionary encoding of the
-/// numeric columns (hashing and interning every value) was about 3 s of a replay's CPU, and
-/// under zstd their plain pages came out smaller than dictionary-encoded ones; strings (flags,
-/// modes, free text) keep it, readers can then decode them to dictionary arrays.
-fn dictionary_encoded(data_type: &DataType) -> bool {
-    byte_array(data_type)
-}
-
-/// Strings and binaries: Parquet byte arrays, whose statistics and dictionaries cost a
-/// compare or a hash of their bytes a value.
-fn byte_array(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Utf8
-            | DataType::LargeUtf8
-            | DataType::Utf8View
-            | DataType::Binary
-            | DataType::LargeBinary
-            | DataType::BinaryView
-            | DataType::FixedSizeBinary(_)
-    )
-}
-
-/// The rows of a string column the sink looks at to choose its encoding.
-const DICTIONARY_SAMPLE: usize = 4096;
-
-/// The most distinct values among the sample of a column that keeps its dictionary.
-const DICTIONARY_DISTINCT: usize = DICTIONARY_SAMPLE / 2;
-
-/// Which string and binary columns get a dictionary: the ones whose values repeat.
-///
-/// A dictionary pays for a column of few distinct values (flags, modes, names). For free
-/// text it does not: the writer interns every value (a hash and a compare each) until the
-/// dictionary page is full, then falls back to plain pages for the rest of the column
-/// chunk; lineitem's `l_comment` cost a fifth of the sink's CPU that way. The choice is made
-/// once the first [`DICTIONARY_SAMPLE`] rows went by (a column with at most half of them
-/// distinct keeps its dictionary) and holds for every file begun after it; until then every
-/// string column has one.
-#[derive(Debug, Default)]
-struct DictionaryChoice {
-    /// Per column: the distinct values seen (`None`: not a string or binary column).
-    seen: Vec<Option<HashSet<Vec<u8>>>>,
-    sampled: usize,
-    /// Per column: whether it gets a dictionary; `None` until chosen.
-    chosen: Option<Vec<bool>>,
-}
-
-impl DictionaryChoice {
-    /// Samples the rows of `batch` the choice still needs.
-    fn observe(&mut self, batch: &RecordBatch) {
-        if self.chosen.is_some() {
-            return;
-        }
-        if self.seen.is_empty() {
-            self.seen = (batch.columns().iter())
-                .map(|c| dictionary_encoded(c.data_type()).then(HashSet::new))
-                .collect();
-        }
-        let take = batch.num_rows().min(DICTIONARY_SAMPLE - self.sampled);
-        for (column, seen) in batch.columns().iter().zip(&mut self.seen) {
-            if let Some(seen) = seen {
-                collect_distinct(&column.slice(0, take), seen, DICTIONARY_DISTINCT);
-            }
-        }
-        self.sampled += take;
-        if self.sampled == DICTIONARY_SAMPLE {
-            let seen = std::mem::take(&mut self.seen);
-            let chosen = seen
-                .iter()
-                .map(|s| s.as_ref().is_some_and(|s| s.len() <= DICTIONARY_DISTINCT));
-            self.chosen = Some(chosen.collect());
-        }
-    }
-
-    /// Whether column `i` of type `data_type` gets a dictionary.
-    fn dictionary(&self, i: usize, data_type: &DataType) -> bool {
-        match &self.chosen {
-            Some(chosen) => chosen.get(i).copied().unwrap_or(false),
-            None => dictionary_encoded(data_type),
-        }
-    }
-}
-
-/// Adds the distinct non-null values of `array` (a string or binary column) to `seen`, up to
-/// one more than `limit` of them.
-fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize) {
-    fn add<'a>(
-        values: impl Iterator<Item = Option<&'a [u8]>>,
-        seen: &mut HashSet<Vec<u8>>,
-        limit: usize,
-    ) {
-        for value in values.flatten() {
-            if seen.len() > limit {
-                return;
-            }
-            if !seen.contains(value) {
-                seen.insert(value.to_vec());
-            }
-        }
-    }
-    fn text(v: Option<&str>) -> Option<&[u8]> {
-        v.map(str::as_bytes)
-    }
-    match array.data_type() {
-        DataType::Utf8 => add(array.as_string::<i32>().iter().map(text), seen, limit),
-        DataType::LargeUtf8 => add(array.as_string::<i64>().iter().map(text), seen, limit),
-        DataType::Utf8View => add(array.as_string_view().iter().map(text), seen, limit),
-        DataType::Binary => add(array.as_binary::<i32>().iter(), seen, limit),
-        DataType::LargeBinary => add(array.as_binary::<i64>().iter(), seen, limit),
-        DataType::BinaryView => add(array.as_binary_view().iter(), seen, limit),
-        DataType::FixedSizeBinary(_) => add(array.as_fixed_size_binary().iter(), seen, limit),
-        _ => {}
-    }
-}
-
-/// Date64 as a Parquet DATE (so every reader sees a date), lists with Parquet's `element`.
-const COERCE_TYPES: bool = true;
-
-/// The writer properties of a changelog file of `schema`, with the dictionaries of `choice`
-/// and min/max statistics of the string and binary columns named in `key_columns` only.
-///
-/// Statistics as the module docs say; the string ones left out were 7% of a replay's CPU
-/// (lineitem scale 1, `BENCHMARKS.md`).
-///
-/// Integer leaves (Parquet INT32 and INT64: integers, dates, times, timestamps, small
-/// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED` (a nested leaf keeps its
-/// dictionary, delta-packed only if it falls back to plain pages): a page holds bit-packed
-/// differences instead of 4 or 8 bytes a value, so zstd gets a fraction of the bytes to
-/// compress. Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): zstd was over half of
-/// the sink's CPU, most of its input plain integers.
-fn writer_properties(
-    schema: &SchemaRef,
-    choice: &DictionaryChoice,
-    key_columns: &[String],
-) -> Result<WriterProperties> {
-    let mut builder = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .set_coerce_types(COERCE_TYPES);
-    for (i, field) in schema.fields().iter().enumerate() {
-        // Top-level leaves only; a nested column keeps the defaults (dictionary and
-        // statistics on).
-        if !field.data_type().is_nested() {
-            let path = ColumnPath::from(field.name().as_str());
-            builder = builder.set_column_dictionary_enabled(
-                path.clone(),
-                choice.dictionary(i, field.data_type()),
-            );
-            if byte_array(field.data_type()) && !key_columns.contains(field.name()) {
-                builder = builder.set_column_statistics_enabled(path, EnabledStatistics::None);
-            }
-        }
-    }
-    // The leaf paths of the file the writer writes (with the same coercion).
-    let parquet_schema = ArrowSchemaConverter::new()
-        .with_coerce_types(COERCE_TYPES)
-        .convert(schema)?;
-    for leaf in parquet_schema.columns() {
-        if matches!(
-            leaf.physical_type(),
-            PhysicalType::INT32 | PhysicalType::INT64
-        ) {
-            builder =
-                builder.set_column_encoding(leaf.path().clone(), Encoding::DELTA_BINARY_PACKED);
-        }
-    }
-    Ok(builder.build())
 }
 
 /// Writes the downstream changelog as Parquet files, one per checkpoint.
@@ -920,13 +746,16 @@ mod tests {
         backlog.close();
         assert!(!stuck.join().unwrap(), "a closed queue admits nothing");
     }
+    use crate::job::encoding::SAMPLE_ROWS;
     use crate::store::io::RealIo;
+    use arrow_array::cast::AsArray;
     use arrow_array::{
-        BinaryArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
-        StringViewArray, TimestampMicrosecondArray,
+        BinaryArray, Date32Array, Decimal128Array, Float64Array, Int64Array, RecordBatch,
+        StringArray, StringViewArray, TimestampMicrosecondArray,
     };
     use arrow_schema::{DataType, Field, Schema, TimeUnit};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::Encoding;
     use std::fs::{self, File};
 
     fn schema() -> SchemaRef {
@@ -1060,7 +889,7 @@ mod tests {
         assert_eq!(dictionary_columns(&sink, 2), ["mode", "comment", "blob"]);
         // The sample fills up in this file (which keeps its dictionaries): the free text
         // goes plain in the files begun after it.
-        let n = DICTIONARY_SAMPLE as i64;
+        let n = SAMPLE_ROWS as i64;
         for part in 0..4 {
             sink.push(3, rows(100 + part * n / 4, n / 4)).unwrap();
         }
@@ -1072,6 +901,92 @@ mod tests {
             let prepared = sink.prepare(epoch).unwrap().unwrap();
             sink.publish(prepared).unwrap();
             assert_eq!(dictionary_columns(&sink, epoch), ["mode", "blob"]);
+        }
+    }
+
+    /// Per leaf of the published file of `epoch`, whether its column chunks are compressed
+    /// (all of them, or none: a file is written under one choice).
+    fn compressed_columns(sink: &ParquetSink, epoch: u64) -> Vec<(String, bool)> {
+        let file = File::open(sink.dir().join(file_name(epoch))).unwrap();
+        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .metadata()
+            .clone();
+        let first = meta.row_group(0).columns();
+        for group in meta.row_groups() {
+            for (a, b) in group.columns().iter().zip(first) {
+                assert_eq!(a.compression(), b.compression());
+            }
+        }
+        (first.iter())
+            .map(|c| {
+                let zstd = c.compression() != parquet::basic::Compression::UNCOMPRESSED;
+                (c.column_path().string(), zstd)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dense_columns_go_uncompressed_once_the_sample_shows_it() {
+        let table = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("price", DataType::Float64, false),
+            Field::new("comment", DataType::Utf8View, true),
+        ]));
+        let rows = |from: i64, n: i64| {
+            let batch = RecordBatch::try_new(
+                table.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(from..from + n)),
+                    // Well-spread bit patterns: nothing for zstd to find.
+                    Arc::new(Float64Array::from_iter_values(
+                        (from..from + n).map(|i| (i as f64 * 0.618_033_988_749).sin() * 1e6),
+                    )),
+                    Arc::new(StringViewArray::from_iter((from..from + n).map(|i| {
+                        (i % 7 != 0).then(|| format!("a comment of row {i} ok"))
+                    }))),
+                ],
+            )
+            .unwrap();
+            StreamChunk::inserts(batch)
+        };
+        let out = tempfile::tempdir().unwrap();
+        let mut sink = ParquetSink::open(RealIo::shared(), out.path(), &table, None).unwrap();
+        let n = SAMPLE_ROWS as i64;
+        // The sample fills up in the first file, which keeps zstd on every leaf.
+        sink.push(2, rows(0, n + 10)).unwrap();
+        let prepared = sink.prepare(2).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        let all = [
+            ("_epoch", true),
+            ("_op", true),
+            ("k", true),
+            ("price", true),
+        ];
+        let mut expected: Vec<(String, bool)> =
+            all.iter().map(|(c, z)| (c.to_string(), *z)).collect();
+        expected.push(("comment".to_string(), true));
+        assert_eq!(compressed_columns(&sink, 2), expected);
+        // Files begun after it leave the prices uncompressed, and read back the same.
+        let later = rows(n + 10, 3 * n);
+        sink.push(3, later.clone()).unwrap();
+        let prepared = sink.prepare(3).unwrap().unwrap();
+        sink.publish(prepared).unwrap();
+        expected[3].1 = false;
+        assert_eq!(compressed_columns(&sink, 3), expected);
+        let file = File::open(sink.dir().join(file_name(3))).unwrap();
+        let read: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let read = arrow_select::concat::concat_batches(&read[0].schema(), &read).unwrap();
+        for field in table.fields() {
+            let column = read.column_by_name(field.name()).unwrap();
+            let column = arrow_cast::cast(column, field.data_type()).unwrap();
+            let expected = later.batch().column_by_name(field.name()).unwrap();
+            assert_eq!(&column, expected, "{}", field.name());
         }
     }
 
