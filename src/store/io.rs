@@ -32,6 +32,17 @@ pub trait ReadFile: Send + Sync {
 
     /// Fills `buf` from `offset`; reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// The `len` bytes from `offset`, in a new buffer; reading past the end is an error.
+    ///
+    /// This default zero-fills the buffer and calls [`ReadFile::read_at`]. [`RealIo`]'s files
+    /// read into the buffer's unused capacity instead: a store scan reads every block this
+    /// way, and zeroing bytes the read overwrites at once was a fifth of its reading.
+    fn read_vec_at(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        self.read_at(offset, &mut buf)?;
+        Ok(buf)
+    }
 }
 
 /// The file operations of the durable path.
@@ -126,6 +137,58 @@ impl ReadFile for RealReadFile {
             .read_exact_at(buf, offset)
             .map_err(|e| named(&self.path, e))
     }
+
+    #[cfg(target_os = "linux")]
+    fn read_vec_at(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        pread_vec(&self.file, offset, len).map_err(|e| named(&self.path, e))
+    }
+}
+
+/// The `len` bytes at `offset` of `file`, read into a new vector's capacity (not zeroed
+/// first); `UnexpectedEof` if the file ends before.
+#[cfg(target_os = "linux")]
+#[expect(
+    unsafe_code,
+    reason = "pread into a vector's spare capacity; see SAFETY"
+)]
+fn pread_vec(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    while buf.len() < len {
+        let at = (offset.checked_add(buf.len() as u64))
+            .and_then(|at| libc::off_t::try_from(at).ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "read offset too large"))?;
+        let filled = buf.len();
+        let spare = &mut buf.spare_capacity_mut()[..len - filled];
+        // SAFETY: `spare` is memory owned by `buf`, writable for `spare.len()` bytes, and
+        // pread writes at most that many into it; the descriptor is `file`'s, open for the
+        // whole call since `file` is borrowed.
+        let read =
+            unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), at) };
+        match usize::try_from(read) {
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file ends before byte {}",
+                        offset.saturating_add(len as u64)
+                    ),
+                ));
+            }
+            Ok(read) => {
+                // SAFETY: pread initialized the first `read` bytes of the spare capacity
+                // (`read <= spare.len()`, so the new length is within the capacity).
+                unsafe { buf.set_len(filled + read) };
+            }
+        }
+    }
+    Ok(buf)
 }
 
 impl StorageIo for RealIo {
@@ -423,6 +486,31 @@ mod tests {
         assert!(io.rename(&path, &dir.path().join("b")).is_err());
         io.lose_unsynced().unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"", "unsynced bytes are lost");
+    }
+
+    #[test]
+    fn read_vec_at_reads_the_bytes_read_at_reads_and_not_past_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        fs::write(&path, &bytes).unwrap();
+        let file = RealIo.open(&path).unwrap();
+        for (offset, len) in [(0, 0), (0, 100_000), (3, 17), (65_536, 34_464), (99_999, 1)] {
+            let read = file.read_vec_at(offset, len).unwrap();
+            assert_eq!(read, &bytes[offset as usize..offset as usize + len]);
+            let mut zeroed = vec![0; len];
+            file.read_at(offset, &mut zeroed).unwrap();
+            assert_eq!(read, zeroed);
+        }
+        for (offset, len) in [(99_999, 2), (100_000, 1), (u64::MAX - 1, 4)] {
+            let err = file.read_vec_at(offset, len).unwrap_err();
+            assert!(
+                err.to_string().contains(&path.display().to_string()),
+                "{err}"
+            );
+        }
+        let err = file.read_vec_at(50_000, 50_001).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

@@ -931,8 +931,7 @@ impl RunFile {
             .get(i)
             .ok_or_else(|| Error::Internal(format!("block {i} of {}", self.path.display())))?;
         let len = usize::try_from(meta.len).map_err(|_| corrupt(&self.path, "block too large"))?;
-        let mut bytes = vec![0u8; len];
-        self.handle()?.read_at(meta.offset, &mut bytes)?;
+        let bytes = self.handle()?.read_vec_at(meta.offset, len)?;
         if crc32fast::hash(&bytes) != meta.crc {
             return Err(corrupt(
                 &self.path,
