@@ -756,6 +756,7 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema, TimeUnit};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::basic::Encoding;
+    use parquet::file::metadata::ParquetMetaData;
     use std::fs::{self, File};
 
     fn schema() -> SchemaRef {
@@ -810,11 +811,7 @@ mod tests {
             .unwrap();
         let prepared = sink.prepare(2).unwrap().unwrap();
         sink.publish(prepared).unwrap();
-        let file = File::open(sink.dir().join(file_name(2))).unwrap();
-        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
-            .unwrap()
-            .metadata()
-            .clone();
+        let meta = published_metadata(&sink, 2);
         let dictionary: Vec<(String, bool)> = meta
             .row_group(0)
             .columns()
@@ -832,13 +829,18 @@ mod tests {
         assert_eq!(dictionary, expected);
     }
 
-    /// The dictionary columns of every row group of the published file of `epoch`.
-    fn dictionary_columns(sink: &ParquetSink, epoch: u64) -> Vec<String> {
+    /// The footer of the published file of `epoch`.
+    fn published_metadata(sink: &ParquetSink, epoch: u64) -> Arc<ParquetMetaData> {
         let file = File::open(sink.dir().join(file_name(epoch))).unwrap();
-        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
+        ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .metadata()
-            .clone();
+            .clone()
+    }
+
+    /// The dictionary columns of every row group of the published file of `epoch`.
+    fn dictionary_columns(sink: &ParquetSink, epoch: u64) -> Vec<String> {
+        let meta = published_metadata(sink, epoch);
         let mut columns: Vec<String> = meta
             .row_groups()
             .iter()
@@ -907,11 +909,7 @@ mod tests {
     /// Per leaf of the published file of `epoch`, whether its column chunks are compressed
     /// (all of them, or none: a file is written under one choice).
     fn compressed_columns(sink: &ParquetSink, epoch: u64) -> Vec<(String, bool)> {
-        let file = File::open(sink.dir().join(file_name(epoch))).unwrap();
-        let meta = ParquetRecordBatchReaderBuilder::try_new(file)
-            .unwrap()
-            .metadata()
-            .clone();
+        let meta = published_metadata(sink, epoch);
         let first = meta.row_group(0).columns();
         for group in meta.row_groups() {
             for (a, b) in group.columns().iter().zip(first) {
