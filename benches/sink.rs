@@ -6,7 +6,9 @@
 //! free text; strings as `Utf8View`, as the store hands them out) in batches of 1024, encoded
 //! into one in-memory file with the sink's settings (zstd, integers `DELTA_BINARY_PACKED`,
 //! dictionaries only for the columns whose values repeat, no min/max statistics for the
-//! string columns outside the key). `ArrowWriter` gets the batches one at a time, the
+//! string columns outside the key), except that zstd compresses every column here: the sink
+//! leaves uncompressed the columns its sample shows zstd does not shrink (`job::encoding`),
+//! which depends on the data, and this bench is about spreading the same work over cores. `ArrowWriter` gets the batches one at a time, the
 //! parallel writer in groups of 16 (the sink takes up to 16K rows off its queue at a time).
 //! Both write the same bytes; the ratio is what the cores buy.
 //! `column_parallel_string_statistics` is the parallel writer with statistics for every
