@@ -5,9 +5,9 @@
 //!
 //! - integer leaves are `DELTA_BINARY_PACKED` ([`writer_properties`]);
 //! - string and binary columns keep a dictionary if their values repeat
-//!   ([`DictionaryChoice`]);
+//!   ([`choose_dictionaries`]);
 //! - zstd compresses a leaf only if it makes the leaf's sample at least a tenth smaller
-//!   ([`CompressionChoice`]): prices, random ids, dates and dictionary indices come out of
+//!   ([`choose_plain`]): prices, random ids, dates and dictionary indices come out of
 //!   their encodings about as dense as zstd leaves them, and compressing them anyway cost a
 //!   scale-1 replay 5 to 6% of its CPU for 1% of its output's bytes;
 //! - min/max statistics everywhere except non-key strings.
@@ -42,24 +42,49 @@ const MIN_JUDGED_BYTES: i64 = 1024;
 /// The encodings the sink chooses from its sample: dictionaries and compression.
 #[derive(Debug, Default)]
 pub(crate) struct EncodingChoice {
-    dictionaries: DictionaryChoice,
-    compression: CompressionChoice,
+    /// The sampled rows, until the choices are made.
+    sample: Vec<RecordBatch>,
+    sampled: usize,
+    /// The choices; `None` until the sample is full.
+    chosen: Option<Chosen>,
+}
+
+/// What the sample decided.
+#[derive(Debug)]
+struct Chosen {
+    /// Per column: whether it gets a dictionary ([`choose_dictionaries`]).
+    dictionaries: Vec<bool>,
+    /// The leaves left uncompressed ([`choose_plain`]).
+    plain: Vec<ColumnPath>,
 }
 
 impl EncodingChoice {
-    /// Samples the rows of `batch` (a changelog batch of `schema`) the choices still need,
-    /// and makes them once the sample is full.
+    /// Keeps the rows of `batch` (a changelog batch of `schema`) the sample still needs, and
+    /// makes the choices once it is full.
     pub(crate) fn observe(
         &mut self,
         batch: &RecordBatch,
         schema: &SchemaRef,
         key_columns: &[String],
     ) -> Result<()> {
-        self.dictionaries.observe(batch);
-        if self.compression.collect(batch) {
+        if self.chosen.is_some() {
+            return Ok(());
+        }
+        let take = batch.num_rows().min(SAMPLE_ROWS - self.sampled);
+        if take > 0 {
+            self.sample.push(batch.slice(0, take));
+            self.sampled += take;
+        }
+        if self.sampled == SAMPLE_ROWS {
+            let sample = std::mem::take(&mut self.sample);
+            let dictionaries = choose_dictionaries(&sample);
             // Measured under the file's own encodings, every leaf compressed.
-            let props = writer_properties(schema, &self.dictionaries, &[], key_columns)?;
-            self.compression.choose(schema, props)?;
+            let props = writer_properties(schema, Some(&dictionaries), &[], key_columns)?;
+            let plain = choose_plain(schema, &sample, props)?;
+            self.chosen = Some(Chosen {
+                dictionaries,
+                plain,
+            });
         }
         Ok(())
     }
@@ -70,17 +95,20 @@ impl EncodingChoice {
         schema: &SchemaRef,
         key_columns: &[String],
     ) -> Result<WriterProperties> {
-        writer_properties(
-            schema,
-            &self.dictionaries,
-            self.compression.plain(),
-            key_columns,
-        )
+        match &self.chosen {
+            Some(chosen) => writer_properties(
+                schema,
+                Some(&chosen.dictionaries),
+                &chosen.plain,
+                key_columns,
+            ),
+            None => writer_properties(schema, None, &[], key_columns),
+        }
     }
 }
 
 /// Whether the sink may dictionary-encode a column of `data_type`: strings and binaries
-/// only, and among them only those whose values repeat ([`DictionaryChoice`]).
+/// only, and among them only those whose values repeat ([`choose_dictionaries`]).
 ///
 /// Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): dictionary encoding of the
 /// numeric columns (hashing and interning every value) was about 3 s of a replay's CPU, and
@@ -105,57 +133,29 @@ fn byte_array(data_type: &DataType) -> bool {
     )
 }
 
-/// Which string and binary columns get a dictionary: the ones whose values repeat.
+/// Which columns of `sample` get a dictionary: the string and binary ones whose values
+/// repeat (at most [`DICTIONARY_DISTINCT`] distinct).
 ///
 /// A dictionary pays for a column of few distinct values (flags, modes, names). For free
 /// text it does not: the writer interns every value (a hash and a compare each) until the
 /// dictionary page is full, then falls back to plain pages for the rest of the column
-/// chunk; lineitem's `l_comment` cost a fifth of the sink's CPU that way. The choice is made
-/// from the sample (a column with at most half of its values distinct keeps its
-/// dictionary); until then every string column has one.
-#[derive(Debug, Default)]
-struct DictionaryChoice {
-    /// Per column: the distinct values seen (`None`: not a string or binary column).
-    seen: Vec<Option<HashSet<Vec<u8>>>>,
-    sampled: usize,
-    /// Per column: whether it gets a dictionary; `None` until chosen.
-    chosen: Option<Vec<bool>>,
-}
-
-impl DictionaryChoice {
-    /// Samples the rows of `batch` the choice still needs.
-    fn observe(&mut self, batch: &RecordBatch) {
-        if self.chosen.is_some() {
-            return;
-        }
-        if self.seen.is_empty() {
-            self.seen = (batch.columns().iter())
-                .map(|c| dictionary_encoded(c.data_type()).then(HashSet::new))
-                .collect();
-        }
-        let take = batch.num_rows().min(SAMPLE_ROWS - self.sampled);
-        for (column, seen) in batch.columns().iter().zip(&mut self.seen) {
-            if let Some(seen) = seen {
-                collect_distinct(&column.slice(0, take), seen, DICTIONARY_DISTINCT);
+/// chunk; lineitem's `l_comment` cost a fifth of the sink's CPU that way. Until the sample
+/// is full every string column has one.
+fn choose_dictionaries(sample: &[RecordBatch]) -> Vec<bool> {
+    let Some(first) = sample.first() else {
+        return Vec::new();
+    };
+    (0..first.num_columns())
+        .map(|i| {
+            dictionary_encoded(first.column(i).data_type()) && {
+                let mut seen = HashSet::new();
+                for batch in sample {
+                    collect_distinct(batch.column(i), &mut seen, DICTIONARY_DISTINCT);
+                }
+                seen.len() <= DICTIONARY_DISTINCT
             }
-        }
-        self.sampled += take;
-        if self.sampled == SAMPLE_ROWS {
-            let seen = std::mem::take(&mut self.seen);
-            let chosen = seen
-                .iter()
-                .map(|s| s.as_ref().is_some_and(|s| s.len() <= DICTIONARY_DISTINCT));
-            self.chosen = Some(chosen.collect());
-        }
-    }
-
-    /// Whether column `i` of type `data_type` gets a dictionary.
-    fn dictionary(&self, i: usize, data_type: &DataType) -> bool {
-        match &self.chosen {
-            Some(chosen) => chosen.get(i).copied().unwrap_or(false),
-            None => dictionary_encoded(data_type),
-        }
-    }
+        })
+        .collect()
 }
 
 /// Adds the distinct non-null values of `array` (a string or binary column) to `seen`, up to
@@ -190,69 +190,40 @@ fn collect_distinct(array: &ArrayRef, seen: &mut HashSet<Vec<u8>>, limit: usize)
     }
 }
 
-/// Which leaves zstd compresses: those whose sample it makes at least a tenth smaller
-/// ([`MIN_ZSTD_SAVING_TENTHS`]).
+/// The leaves of `sample` zstd does not make at least a tenth smaller
+/// ([`MIN_ZSTD_SAVING_TENTHS`]), to be left uncompressed.
 ///
 /// zstd's cost is per byte it reads, whatever it saves: on a leaf its encoding already left
 /// dense (random ids, prices, dates delta-packed to a few bits of noise, dictionary indices)
 /// it spends as much as on free text and saves almost nothing. The sample is encoded once,
-/// in memory, with the file's encodings and every leaf compressed; each leaf's compressed
-/// and uncompressed sizes in that file's metadata decide.
-#[derive(Debug, Default)]
-struct CompressionChoice {
-    /// The sampled rows, until the choice is made.
-    sample: Vec<RecordBatch>,
-    sampled: usize,
-    /// The leaves left uncompressed; `None` until chosen.
-    plain: Option<Vec<ColumnPath>>,
-}
-
-impl CompressionChoice {
-    /// Keeps the rows of `batch` the sample still needs; true once the sample is full and
-    /// the choice not yet made.
-    fn collect(&mut self, batch: &RecordBatch) -> bool {
-        if self.plain.is_some() {
-            return false;
-        }
-        let take = batch.num_rows().min(SAMPLE_ROWS - self.sampled);
-        if take > 0 {
-            self.sample.push(batch.slice(0, take));
-            self.sampled += take;
-        }
-        self.sampled == SAMPLE_ROWS
+/// in memory, with `props` (the file's encodings, every leaf compressed); each leaf's
+/// compressed and uncompressed sizes in that file's metadata decide.
+fn choose_plain(
+    schema: &SchemaRef,
+    sample: &[RecordBatch],
+    props: WriterProperties,
+) -> Result<Vec<ColumnPath>> {
+    let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
+    for batch in sample {
+        writer.write(batch)?;
     }
-
-    /// Encodes the sample with `props` and keeps zstd where it paid.
-    fn choose(&mut self, schema: &SchemaRef, props: WriterProperties) -> Result<()> {
-        let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
-        for batch in &self.sample {
-            writer.write(batch)?;
-        }
-        let meta = writer.close()?;
-        // Per leaf: (path, compressed bytes, uncompressed bytes) over the row groups.
-        let mut sizes: Vec<(ColumnPath, i64, i64)> = Vec::new();
-        for group in meta.row_groups() {
-            for (i, column) in group.columns().iter().enumerate() {
-                if sizes.len() <= i {
-                    sizes.push((column.column_path().clone(), 0, 0));
-                }
-                sizes[i].1 += column.compressed_size();
-                sizes[i].2 += column.uncompressed_size();
+    let meta = writer.close()?;
+    // Per leaf: (path, compressed bytes, uncompressed bytes) over the row groups.
+    let mut sizes: Vec<(ColumnPath, i64, i64)> = Vec::new();
+    for group in meta.row_groups() {
+        for (i, column) in group.columns().iter().enumerate() {
+            if sizes.len() <= i {
+                sizes.push((column.column_path().clone(), 0, 0));
             }
+            sizes[i].1 += column.compressed_size();
+            sizes[i].2 += column.uncompressed_size();
         }
-        let plain = sizes
-            .into_iter()
-            .filter(|&(_, compressed, uncompressed)| !zstd_pays(compressed, uncompressed))
-            .map(|(path, _, _)| path);
-        self.plain = Some(plain.collect());
-        self.sample = Vec::new();
-        Ok(())
     }
-
-    /// The leaves left uncompressed (none until chosen).
-    fn plain(&self) -> &[ColumnPath] {
-        self.plain.as_deref().unwrap_or(&[])
-    }
+    Ok(sizes
+        .into_iter()
+        .filter(|&(_, compressed, uncompressed)| !zstd_pays(compressed, uncompressed))
+        .map(|(path, _, _)| path)
+        .collect())
 }
 
 /// Whether zstd pays on a leaf whose sample it turned from `uncompressed` into `compressed`
@@ -265,8 +236,9 @@ fn zstd_pays(compressed: i64, uncompressed: i64) -> bool {
 /// Date64 as a Parquet DATE (so every reader sees a date), lists with Parquet's `element`.
 const COERCE_TYPES: bool = true;
 
-/// The writer properties of a changelog file of `schema`: the dictionaries of `dictionaries`,
-/// zstd on every leaf but those in `plain`, and min/max statistics of the string and binary
+/// The writer properties of a changelog file of `schema`: a dictionary for the columns
+/// `dictionaries` names (for every string and binary column without a choice), zstd on every
+/// leaf but those in `plain`, and min/max statistics of the string and binary
 /// columns named in `key_columns` only.
 ///
 /// Statistics as the sink's module docs say; the string ones left out were 7% of a replay's
@@ -280,7 +252,7 @@ const COERCE_TYPES: bool = true;
 /// the sink's CPU, most of its input plain integers.
 fn writer_properties(
     schema: &SchemaRef,
-    dictionaries: &DictionaryChoice,
+    dictionaries: Option<&[bool]>,
     plain: &[ColumnPath],
     key_columns: &[String],
 ) -> Result<WriterProperties> {
@@ -294,7 +266,10 @@ fn writer_properties(
             let path = ColumnPath::from(field.name().as_str());
             builder = builder.set_column_dictionary_enabled(
                 path.clone(),
-                dictionaries.dictionary(i, field.data_type()),
+                match dictionaries {
+                    Some(chosen) => chosen.get(i).copied().unwrap_or(false),
+                    None => dictionary_encoded(field.data_type()),
+                },
             );
             if byte_array(field.data_type()) && !key_columns.contains(field.name()) {
                 builder = builder.set_column_statistics_enabled(path, EnabledStatistics::None);
