@@ -29,6 +29,20 @@
 //! op, ...) are sorted: the caller reports a violation among them first, as a table model that
 //! applied them one by one would have.
 //!
+//! # A snapshot in key order
+//! A snapshot row whose key no change touches can only break one rule: a duplicate key. A
+//! snapshot that comes in strictly increasing key order (as a dump of an arrangement does)
+//! has none, so while it does, such rows need no sort:
+//! [`KeyedChanges::skip_untouched_snapshot_rows`] leaves them out, given the hashes of
+//! every key the changelog holds (`touched.rs`), and checks the order of each snapshot
+//! batch as it comes (arrow-row keys, the order the fold compares in). The certificate
+//! hashes still cover every row. If the order breaks (an unsorted snapshot, a duplicate),
+//! the batch that breaks it waits: the rows left out before it are pushed again first
+//! (the caller reads them again), so that every key's rows still reach the sort in
+//! sequence order, and from there on every row is sorted, as without the skip. A lineitem
+//! replay (6M snapshot rows, 1.2M changes touching 0.8M keys) sorts about a quarter of
+//! the rows it did.
+//!
 //! What is kept per row besides the key, the sequence, the op and the epoch ([`Payload`]):
 //! - [`Payload::Hash`] (validation): a 64-bit hash of the row's values; a violation's row
 //!   values are read back from its file. The hash is the completion certificate's row hash
@@ -52,9 +66,10 @@ use super::apply::describe_row;
 use super::changelog::{ChangelogRows, RowLocation};
 use super::extsort::{ExternalSorter, SortConfig, SortedBatch, SortedStream};
 use super::files;
+use super::touched::KeyFilter;
 use crate::chunk::Op;
 use crate::error::{Error, Result, internal};
-use crate::key::PrimaryKey;
+use crate::key::{PrimaryKey, first_unordered_in};
 use crate::vnode::{check_hashable, mix64_rows};
 
 /// The `_op` code of a snapshot row in the sorted rows (the changelog's codes are 1..=4).
@@ -171,8 +186,50 @@ pub(crate) struct KeyedChanges {
     last_hashes: Option<ScalarBuffer<u64>>,
     /// One sorter a partition: a key's rows all go to the partition of its key's hash.
     sorters: Vec<ExternalSorter>,
+    /// [`mix64_rows`] hashes every key column (partitions and [`Skip`] need it).
+    keys_hashable: bool,
+    /// Snapshot rows left out of the sort (see the module docs).
+    skip: Skip,
+    /// Rows given to the sorters.
+    rows_sorted: u64,
     files: FileIndex,
     next_seq: u64,
+}
+
+/// Whether snapshot rows are left out of the sort (module docs, "A snapshot in key order").
+#[derive(Debug)]
+enum Skip {
+    /// Every row is sorted.
+    Off,
+    /// The snapshot has come in strictly increasing key order so far (its last key is
+    /// `last_key`): only its rows whose key `touched` may hold are sorted.
+    Untouched {
+        touched: KeyFilter,
+        last_key: Option<Vec<u8>>,
+    },
+    /// The order broke at sequence `until`: the snapshot rows left out before it must be
+    /// sorted after all ([`KeyedChanges::left_out_until`]).
+    Broken { touched: KeyFilter, until: u64 },
+}
+
+/// Which rows of a batch [`KeyedChanges::push`] sorts.
+#[derive(Debug, Clone, Copy)]
+enum Keep<'a> {
+    All,
+    /// The rows whose key hash the filter may hold.
+    Touched(&'a KeyFilter),
+    /// The rows whose key hash it does not hold.
+    Untouched(&'a KeyFilter),
+}
+
+impl Keep<'_> {
+    fn keeps(self, key_hash: u64) -> bool {
+        match self {
+            Keep::All => true,
+            Keep::Touched(filter) => filter.may_contain(key_hash),
+            Keep::Untouched(filter) => !filter.may_contain(key_hash),
+        }
+    }
 }
 
 /// Whether [`mix64_rows`] hashes every column of `schema` by its exact values: every type
@@ -225,10 +282,77 @@ impl KeyedChanges {
             mix64: payload == Payload::Hash && mix64_exact(table),
             last_hashes: None,
             sorters,
+            keys_hashable: hashable,
+            skip: Skip::Off,
+            rows_sorted: 0,
             files: FileIndex::default(),
             layout,
             next_seq: 0,
         })
+    }
+
+    /// Leaves out of the sort the snapshot rows whose key no change touches (`touched`
+    /// holds the hash of every key the changelog holds, see [`KeyFilter`]), for as long as
+    /// the snapshot comes in strictly increasing key order: see the module docs. Call it
+    /// before the first snapshot row; nothing changes if the key columns cannot be hashed.
+    pub fn skip_untouched_snapshot_rows(&mut self, touched: KeyFilter) {
+        if self.keys_hashable && self.next_seq == 0 {
+            self.skip = Skip::Untouched {
+                touched,
+                last_key: None,
+            };
+        }
+    }
+
+    /// Snapshot rows left out of the sort before this sequence must be sorted after all:
+    /// the last [`Self::push_snapshot`] found the snapshot's key order broken. Push them
+    /// with [`Self::push_left_out`], then call [`Self::left_out_pushed`].
+    pub fn left_out_until(&self) -> Option<u64> {
+        match self.skip {
+            Skip::Broken { until, .. } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// Sorts the rows of `batch` (snapshot rows from sequence `first_seq` on, as
+    /// [`Self::push_snapshot`] was given them, before [`Self::left_out_until`]) that were
+    /// left out.
+    pub fn push_left_out(&mut self, batch: &RecordBatch, first_seq: u64) -> Result<()> {
+        let Skip::Broken { touched, until } = std::mem::replace(&mut self.skip, Skip::Off) else {
+            return Err(internal!("snapshot rows pushed again, none left out"));
+        };
+        let n = batch.num_rows();
+        let ops = Int8Array::from(vec![SNAPSHOT_CODE; n]);
+        let epochs = UInt64Array::from(vec![0; n]);
+        // (Their certificate hashes are not kept: the pass showed these rows before.)
+        let pushed = self.push(batch, ops, epochs, first_seq, Keep::Untouched(&touched));
+        self.skip = Skip::Broken { touched, until };
+        pushed.map(|_| ())
+    }
+
+    /// Every row left out is sorted now: from here on every row is.
+    pub fn left_out_pushed(&mut self) {
+        self.skip = Skip::Off;
+    }
+
+    /// Whether the rows of `batch` (the next snapshot rows) continue a strictly increasing
+    /// key order from `last_key`, which becomes the batch's last key if so.
+    fn continues_key_order(
+        &self,
+        batch: &RecordBatch,
+        last_key: &mut Option<Vec<u8>>,
+    ) -> Result<bool> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(true);
+        }
+        let keys = self.pk.encode(batch)?;
+        let ordered = first_unordered_in(&keys, 0, n).is_none()
+            && last_key.as_deref().is_none_or(|last| last < keys.value(0));
+        if ordered {
+            *last_key = Some(keys.value(n - 1).to_vec());
+        }
+        Ok(ordered)
     }
 
     /// The first row with a NULL key value (by key column, then row), as an error made by
@@ -254,6 +378,11 @@ impl KeyedChanges {
 
     /// Checks the keys of snapshot rows `batch` (rows `first_row..` of `path`); a NULL is an
     /// error about the data, in `Ok(Err(..))`. Then adds them; `Err` is a system error.
+    ///
+    /// While rows are left out of the sort ([`Self::skip_untouched_snapshot_rows`]), a batch
+    /// that breaks the snapshot's key order is not added: [`Self::left_out_until`] then says
+    /// which rows to push again first (a key's rows go to the sort in sequence order), and
+    /// the batch is pushed again after them.
     pub fn push_snapshot(
         &mut self,
         path: &Path,
@@ -265,11 +394,37 @@ impl KeyedChanges {
         }) {
             return Ok(Err(e));
         }
-        self.files.note(path, true, first_row, self.next_seq);
         let n = batch.num_rows();
+        let first_seq = self.next_seq;
+        // Taken out of `self` while `push` borrows it; put back after.
+        let skip = match std::mem::replace(&mut self.skip, Skip::Off) {
+            Skip::Untouched {
+                touched,
+                mut last_key,
+            } => {
+                if !self.continues_key_order(batch, &mut last_key)? {
+                    self.skip = Skip::Broken {
+                        touched,
+                        until: first_seq,
+                    };
+                    return Ok(Ok(()));
+                }
+                Skip::Untouched { touched, last_key }
+            }
+            skip => skip,
+        };
+        self.files.note(path, true, first_row, first_seq);
+        self.next_seq += n as u64;
         let ops = Int8Array::from(vec![SNAPSHOT_CODE; n]);
         let epochs = UInt64Array::from(vec![0; n]);
-        self.push(batch, ops, epochs).map(Ok)
+        let keep = match &skip {
+            Skip::Untouched { touched, .. } => Keep::Touched(touched),
+            _ => Keep::All,
+        };
+        let hashes = self.push(batch, ops, epochs, first_seq, keep);
+        self.skip = skip;
+        self.last_hashes = hashes?;
+        Ok(Ok(()))
     }
 
     /// Like [`Self::push_snapshot`] for changelog rows.
@@ -281,13 +436,25 @@ impl KeyedChanges {
             .note(&rows.path, false, rows.first_row, self.next_seq);
         let ops: Int8Array = rows.ops.iter().map(|op| op.code()).collect();
         let epochs = UInt64Array::from(rows.epochs.clone());
-        self.push(&rows.data, ops, epochs).map(Ok)
+        let first_seq = self.next_seq;
+        self.next_seq += rows.ops.len() as u64;
+        self.last_hashes = self.push(&rows.data, ops, epochs, first_seq, Keep::All)?;
+        Ok(Ok(()))
     }
 
-    fn push(&mut self, batch: &RecordBatch, ops: Int8Array, epochs: UInt64Array) -> Result<()> {
+    /// Sorts the rows of `batch` that `keep` keeps, numbered from `first_seq` (each row's
+    /// number is its place in `batch` from there, kept or not); returns the rows'
+    /// certificate hashes when the payload is that hash (see the module docs).
+    fn push(
+        &mut self,
+        batch: &RecordBatch,
+        ops: Int8Array,
+        epochs: UInt64Array,
+        first_seq: u64,
+        keep: Keep<'_>,
+    ) -> Result<Option<ScalarBuffer<u64>>> {
         let n = batch.num_rows() as u64;
-        let seqs = UInt64Array::from_iter_values(self.next_seq..self.next_seq + n);
-        self.next_seq += n;
+        let seqs = UInt64Array::from_iter_values(first_seq..first_seq + n);
         let mut columns: Vec<ArrayRef> = match self.layout.payload {
             Payload::Hash => self.pk.key_columns(batch),
             Payload::Row => batch.columns().to_vec(),
@@ -295,9 +462,10 @@ impl KeyedChanges {
         columns.push(Arc::new(seqs));
         columns.push(Arc::new(ops));
         columns.push(Arc::new(epochs));
+        let mut certificate_hashes = None;
         if self.mix64 {
             let hashes = UInt64Array::from(mix64_rows(batch.columns(), batch.num_rows())?);
-            self.last_hashes = Some(hashes.values().clone());
+            certificate_hashes = Some(hashes.values().clone());
             columns.push(Arc::new(hashes));
         } else if self.layout.payload == Payload::Hash {
             let rows = self.all_columns.convert_columns(batch.columns())?;
@@ -309,7 +477,10 @@ impl KeyedChanges {
         }
         let sorted = RecordBatch::try_new(self.sorters[0].schema().clone(), columns)?;
         match self.sorters.as_mut_slice() {
-            [sorter] => sorter.push(sorted),
+            [sorter] if matches!(keep, Keep::All) => {
+                self.rows_sorted += n;
+                sorter.push(sorted)?;
+            }
             sorters => {
                 // A key's partition: its hash scaled to the partitions (equal keys, equal
                 // hashes: a key's rows all go to one partition).
@@ -317,18 +488,29 @@ impl KeyedChanges {
                 let hashes = mix64_rows(&self.pk.key_columns(batch), batch.num_rows())?;
                 let mut rows: Vec<Vec<u32>> = vec![Vec::new(); sorters.len()];
                 for (row, hash) in (0u32..).zip(hashes) {
-                    let part = ((u128::from(hash) * parts) >> 64) as usize;
-                    rows[part].push(row);
+                    if keep.keeps(hash) {
+                        let part = ((u128::from(hash) * parts) >> 64) as usize;
+                        rows[part].push(row);
+                    }
                 }
                 for (sorter, rows) in sorters.iter_mut().zip(rows) {
-                    if !rows.is_empty() {
+                    self.rows_sorted += rows.len() as u64;
+                    if rows.len() as u64 == n {
+                        sorter.push(sorted.clone())?;
+                    } else if !rows.is_empty() {
                         let rows = UInt32Array::from(rows);
                         sorter.push(arrow_select::take::take_record_batch(&sorted, &rows)?)?;
                     }
                 }
-                Ok(())
             }
         }
+        Ok(certificate_hashes)
+    }
+
+    /// Rows given to the sort so far.
+    #[cfg(test)]
+    pub fn rows_sorted(&self) -> u64 {
+        self.rows_sorted
     }
 
     /// The completion certificate's row hashes ([`mix64_rows`] of every column) of the rows
@@ -746,6 +928,90 @@ mod tests {
             .unwrap();
         let expected = mix64_rows(batch.columns(), batch.num_rows()).unwrap();
         assert_eq!(rows.certificate_hashes(), Some(expected.as_slice()));
+    }
+
+    fn key_filter(keys: &[i64]) -> KeyFilter {
+        let column: ArrayRef = Arc::new(arrow_array::Int64Array::from(keys.to_vec()));
+        KeyFilter::new(&mix64_rows(&[column], keys.len()).unwrap())
+    }
+
+    /// Snapshot rows in key order whose key no change touches are not sorted, in one
+    /// partition or more; the fold finds what the changes do to the others.
+    #[test]
+    fn untouched_rows_of_a_snapshot_in_key_order_are_not_sorted() {
+        for partitions in [1, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut rows = hashed_rows(dir.path(), 4 << 10, partitions);
+            rows.skip_untouched_snapshot_rows(key_filter(&[2, 7]));
+            let first = crate::replay::testing::rows("1 a\n2 b\n3 c");
+            let second = crate::replay::testing::rows("4 d\n7 e\n9 f");
+            rows.push_snapshot(Path::new("s0"), 0, &first)
+                .unwrap()
+                .unwrap();
+            rows.push_snapshot(Path::new("s1"), 0, &second)
+                .unwrap()
+                .unwrap();
+            assert_eq!(rows.left_out_until(), None);
+            // The certificate hashes still cover every row shown.
+            assert_eq!(rows.certificate_hashes().map(<[u64]>::len), Some(3));
+            assert_eq!(rows.rows_sorted(), 2, "{partitions} partitions");
+            let changes = ChangelogRows {
+                path: PathBuf::from("c0"),
+                first_row: 0,
+                epochs: vec![1],
+                ops: vec![Op::Delete],
+                data: crate::replay::testing::rows("7 x"),
+            };
+            rows.push_changes(&changes).unwrap().unwrap();
+            assert_eq!(rows.rows_sorted(), 3);
+            let violations: Vec<(u64, Breach)> = (rows.finish().unwrap().into_iter())
+                .filter_map(|mut fold| {
+                    while fold.next_key().unwrap() {}
+                    fold.first_violation().map(|v| (v.seq, v.breach))
+                })
+                .collect();
+            // The delete (sequence 6) of key 7 with other values than its snapshot row.
+            assert_eq!(violations, [(6, Breach::Differs(Op::Delete))]);
+        }
+    }
+
+    /// A batch that breaks the key order is not pushed: the rows left out before it are
+    /// pushed first (each key's rows in sequence order), then it, and every row after.
+    #[test]
+    fn a_broken_key_order_sorts_the_rows_left_out_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = hashed_rows(dir.path(), 1 << 20, 2);
+        rows.skip_untouched_snapshot_rows(key_filter(&[2]));
+        let first = crate::replay::testing::rows("1 a\n2 b\n3 c");
+        let second = crate::replay::testing::rows("4 d\n3 z");
+        rows.push_snapshot(Path::new("s0"), 0, &first)
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows.rows_sorted(), 1);
+        rows.push_snapshot(Path::new("s1"), 0, &second)
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows.left_out_until(), Some(3));
+        assert_eq!(
+            rows.rows_sorted(),
+            1,
+            "the batch waits for the rows left out"
+        );
+        rows.push_left_out(&first, 0).unwrap();
+        assert_eq!(rows.rows_sorted(), 3);
+        rows.left_out_pushed();
+        assert_eq!(rows.left_out_until(), None);
+        rows.push_snapshot(Path::new("s1"), 0, &second)
+            .unwrap()
+            .unwrap();
+        assert_eq!(rows.rows_sorted(), 5);
+        let error = first_violation_of(rows.finish().unwrap()).unwrap().unwrap();
+        assert!(
+            error
+                .to_string()
+                .contains("s1: row 1: duplicate primary key (k=3)"),
+            "{error}"
+        );
     }
 
     /// Keys sorted and folded in partitions report the violation one fold of every key

@@ -85,7 +85,7 @@ fn unreadable(path: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>
     Error::dataset_caused_by(path, "", "unreadable Parquet file", e)
 }
 
-fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+pub(crate) fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file =
         File::open(path).map_err(|e| Error::dataset(path, "", format!("cannot open: {e}")))?;
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))

@@ -32,6 +32,7 @@ mod model;
 pub(crate) mod prefetch;
 #[cfg(test)]
 pub(crate) mod testing;
+mod touched;
 mod validate;
 mod verify;
 
