@@ -640,6 +640,38 @@ mod tests {
         assert_eq!(found, expected);
     }
 
+    /// Asserts that the bounded validator's result for `ds` is the in-memory model's, error
+    /// for error (the same file, row, epoch and message), with each memory budget of
+    /// `budgets` and with the snapshot fed in batches of each size of `fed`; whether `ds`
+    /// is valid.
+    fn agrees_with_the_model(
+        ds: &Dataset,
+        scratch: &std::path::Path,
+        budgets: &[usize],
+        fed: &[usize],
+        case: usize,
+    ) -> bool {
+        let expected = format!("{:?}", validate_in_memory(ds));
+        for &budget in budgets {
+            let options = ExternalSortOptions::new(scratch).with_memory_budget(budget);
+            let found = format!("{:?}", validate_with(ds, &options, None, &mut |_| Ok(())));
+            assert_eq!(found, expected, "case {case}, budget {budget}");
+        }
+        for &batch_rows in fed {
+            let options = ExternalSortOptions::new(scratch);
+            let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
+            let found = format!(
+                "{:?}",
+                validate_with(ds, &options, Some(feed), &mut |_| Ok(()))
+            );
+            assert_eq!(
+                found, expected,
+                "case {case}, fed {batch_rows} rows a batch"
+            );
+        }
+        expected.starts_with("Ok")
+    }
+
     /// Differential, with snapshots in key order (whose rows no change touches the pass
     /// leaves out of its sort, `touched.rs`): the same errors as the in-memory model, also
     /// when the order breaks late (the rows left out are sorted after all), at a duplicate
@@ -651,7 +683,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x04de7);
         let scratch = tempfile::tempdir().unwrap();
         let key = |line: &str| line.split(' ').next().and_then(|k| k.parse::<i64>().ok());
-        let (mut errors, mut ok) = (0, 0);
+        let mut valid = 0;
         for case in 0..160 {
             let (snapshot, change_files) = random_dataset_text(&mut rng, case % 4 == 0);
             let mut lines: Vec<String> = snapshot
@@ -695,28 +727,17 @@ mod tests {
             let change_files: Vec<_> = change_files.iter().map(|t| log(t)).collect();
             let dir = dataset(MANIFEST, &snapshot, &change_files);
             let ds = Dataset::open(dir.path()).unwrap();
-            let expected = format!("{:?}", validate_in_memory(&ds));
-            for budget in [1, 1 << 20] {
-                let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
-                let found = format!("{:?}", validate_with(&ds, &options, None, &mut |_| Ok(())));
-                assert_eq!(found, expected, "case {case}, budget {budget}");
-            }
-            let options = ExternalSortOptions::new(scratch.path());
-            let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(7));
-            let found = format!(
-                "{:?}",
-                validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
-            );
-            assert_eq!(found, expected, "case {case}, fed 7 rows a batch");
-            if expected.starts_with("Ok") {
-                ok += 1;
-            } else {
-                errors += 1;
-            }
+            valid += usize::from(agrees_with_the_model(
+                &ds,
+                scratch.path(),
+                &[1, 1 << 20],
+                &[7],
+                case,
+            ));
         }
         assert!(
-            ok > 20 && errors > 20,
-            "{ok} valid, {errors} invalid datasets"
+            valid > 20 && 160 - valid > 20,
+            "{valid} of 160 datasets valid"
         );
     }
 
@@ -727,39 +748,24 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
         let scratch = tempfile::tempdir().unwrap();
-        let (mut errors, mut ok) = (0, 0);
+        let mut valid = 0;
         for case in 0..150 {
             let (snapshot, change_files) = random_dataset(&mut rng, case % 4 != 0);
             let dir = dataset(MANIFEST, &snapshot, &change_files);
             let ds = Dataset::open(dir.path()).unwrap();
-            let expected = format!("{:?}", validate_in_memory(&ds));
-            for budget in [1, 4 << 10, 1 << 20] {
-                let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(budget);
-                let found = format!("{:?}", validate_with(&ds, &options, None, &mut |_| Ok(())));
-                assert_eq!(found, expected, "case {case}, budget {budget}");
-            }
-            // The snapshot fed in batches of another size, as a replay's load reads it.
-            for batch_rows in [1, 3, BATCH_SIZE * 2] {
-                let options = ExternalSortOptions::new(scratch.path());
-                let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
-                let found = format!(
-                    "{:?}",
-                    validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
-                );
-                assert_eq!(
-                    found, expected,
-                    "case {case}, fed {batch_rows} rows a batch"
-                );
-            }
-            if expected.starts_with("Ok") {
-                ok += 1;
-            } else {
-                errors += 1;
-            }
+            // Fed in batches of other sizes too, as a replay's load reads the snapshot.
+            let (budgets, fed) = ([1, 4 << 10, 1 << 20], [1, 3, BATCH_SIZE * 2]);
+            valid += usize::from(agrees_with_the_model(
+                &ds,
+                scratch.path(),
+                &budgets,
+                &fed,
+                case,
+            ));
         }
         assert!(
-            ok > 20 && errors > 20,
-            "{ok} valid, {errors} invalid datasets"
+            valid > 20 && 150 - valid > 20,
+            "{valid} of 150 datasets valid"
         );
         let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
         assert!(left.is_empty(), "scratch space is cleaned up: {left:?}");
