@@ -932,7 +932,11 @@ mod tests {
 
     fn key_filter(keys: &[i64]) -> KeyFilter {
         let column: ArrayRef = Arc::new(arrow_array::Int64Array::from(keys.to_vec()));
-        KeyFilter::new(&mix64_rows(&[column], keys.len()).unwrap())
+        let mut filter = KeyFilter::for_keys(keys.len() as u64, 1 << 20).unwrap();
+        for hash in mix64_rows(&[column], keys.len()).unwrap() {
+            filter.insert(hash);
+        }
+        filter
     }
 
     /// Snapshot rows in key order whose key no change touches are not sorted, in one
