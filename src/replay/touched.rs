@@ -8,9 +8,10 @@
 //! touch, with the changelog (see [`super::by_key::KeyedChanges::skip_untouched_snapshot_rows`]).
 //!
 //! To know which rows those are before the snapshot comes in, the validation first reads
-//! the key columns alone of every change file ([`changed_keys`]) into a [`KeyFilter`]. That
-//! read reports nothing: a file it cannot read as expected only means no rows are left out,
-//! and the validation's own pass meets (and names) the problem.
+//! the key columns alone of every change file ([`changed_keys`]) into a [`KeyFilter`], in
+//! memory it caps (a changelog too long for it gets no filter). That read reports nothing:
+//! a file it cannot read as expected only means no rows are left out, and the validation's
+//! own pass meets (and names) the problem.
 
 use arrow_array::ArrayRef;
 use parquet::arrow::ProjectionMask;
@@ -103,7 +104,8 @@ pub(crate) fn changed_keys(
     let order = (roots.iter())
         .map(|root| in_file_order.binary_search(root).ok())
         .collect::<Option<Vec<usize>>>()?;
-    let mut readers = Vec::new();
+    // The filter's size from the files' row counts (their footers), then their keys, one
+    // file open at a time.
     let mut rows = 0u64;
     for path in dataset.change_files() {
         let builder = files::builder(path).ok()?;
@@ -114,17 +116,21 @@ pub(crate) fn changed_keys(
             return None;
         }
         rows += u64::try_from(builder.metadata().file_metadata().num_rows()).ok()?;
+    }
+    let mut filter = KeyFilter::for_keys(rows, max_bytes)?;
+    for path in dataset.change_files() {
+        let builder = files::builder(path).ok()?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
         let batch_rows = files::batch_rows(
             builder.metadata(),
             BATCH_ROWS,
             files::BATCH_BYTES_PER_COLUMN,
         );
-        readers.push(builder.with_projection(mask).with_batch_size(batch_rows));
-    }
-    let mut filter = KeyFilter::for_keys(rows, max_bytes)?;
-    for reader in readers {
-        for batch in reader.build().ok()? {
+        let reader = (builder.with_projection(mask))
+            .with_batch_size(batch_rows)
+            .build()
+            .ok()?;
+        for batch in reader {
             let batch = batch.ok()?;
             let columns = (order.iter())
                 .map(|&i| batch.columns().get(i).cloned())
