@@ -16,6 +16,7 @@
 use arrow_array::ArrayRef;
 use parquet::arrow::ProjectionMask;
 
+use super::changelog::check_schema;
 use super::dataset::Dataset;
 use super::files;
 use crate::key::PrimaryKey;
@@ -109,12 +110,7 @@ pub(crate) fn changed_keys(
     let mut rows = 0u64;
     for path in dataset.change_files() {
         let builder = files::builder(path).ok()?;
-        let fields = builder.schema().fields();
-        if fields.len() != table.fields().len() + 2
-            || !files::same_columns(&fields[2..], table.fields())
-        {
-            return None;
-        }
+        check_schema(path, builder.schema(), table).ok()?;
         rows += u64::try_from(builder.metadata().file_metadata().num_rows()).ok()?;
     }
     let mut filter = KeyFilter::for_keys(rows, max_bytes)?;
