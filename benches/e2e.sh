@@ -2,15 +2,16 @@
 # End-to-end benchmark: `backfill replay` of TPC-H lineitem against a DuckDB copy of the same
 # rows, in one run, on this machine.
 #
-#   benches/e2e.sh [--scale S] [--runs N] [--work DIR] [--threads T] [--timer auto|hyperfine|bash]
-#                  [-- EXTRA REPLAY ARGS]
+#   benches/e2e.sh [--scale S] [--runs N] [--warmup W] [--work DIR] [--threads T]
+#                  [--timer auto|hyperfine|bash] [-- EXTRA REPLAY ARGS]
 #
 # 1. builds the release `backfill` binary (cargo, from this repository);
 # 2. generates lineitem at scale S into DIR/lineitem-S (kept and reused by later runs);
-# 3. times N rounds of three commands, each round running them in turn (--timer bash, the
-#    default, also `auto`: the machine's load hits all three alike, and the ratios shown are
-#    the median of the rounds' own, with their range; --timer hyperfine: N runs of each
-#    command one after another, mean times, for hyperfine's statistics):
+# 3. runs W untimed warm-up rounds of the three commands, then times N rounds of them, each
+#    round running them in turn (--timer bash, the default, also `auto`: the machine's load
+#    hits all three alike, and the ratios shown are the median of the rounds' own, with
+#    their range; --timer hyperfine: N runs of each command one after another, mean times,
+#    for hyperfine's statistics):
 #    - DuckDB (Python package, installed with pip if missing, T threads):
 #      COPY (snapshot UNION ALL changes, without _epoch/_op) TO one zstd Parquet file;
 #    - `backfill replay` with the defaults (merged order, durable, checkpoint every epoch);
@@ -20,12 +21,19 @@
 # 4. runs `backfill verify` on both replay outputs;
 # 5. prints mean wall times and ratios against the DuckDB copy, with the machine's load.
 #
-# Defaults: --scale 1, --runs 1, --work target/e2e, --threads 2, --timer auto. Scale 1 is
-# 6.0M snapshot rows and 1.2M changes; it needs a few GB of disk under DIR and takes minutes.
+# The warm-up takes the first run's costs out of the figures: the dataset's first read from
+# disk, and on a virtual machine the host's first backing of the guest memory each program
+# touches (a huge page touched for the first time in a fresh VM costs about ten times a reused
+# one; DuckDB's copy holds 1.7 GB at scale 1, the replay about 0.5 GB).
+#
+# Defaults: --scale 1, --runs 1, --warmup 1, --work target/e2e, --threads 2, --timer auto.
+# Scale 1 is 6.0M snapshot rows and 1.2M changes; it needs a few GB of disk under DIR and
+# takes minutes.
 set -euo pipefail
 
 scale=1
 runs=1
+warmup=1
 threads=2
 timer=auto
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,6 +43,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --scale) scale="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --timer) timer="$2"; shift 2 ;;
@@ -108,7 +117,7 @@ declare -a seconds ratio_text
 if [[ "$timer" == auto ]]; then timer=bash; fi
 if [[ "$timer" == hyperfine ]]; then
   log "timing with hyperfine ($runs runs each)"
-  hyperfine --runs "$runs" --export-json "$work/times.json" --style basic \
+  hyperfine --runs "$runs" --warmup "$warmup" --export-json "$work/times.json" --style basic \
     --prepare "${prepares[0]}" --prepare "${prepares[1]}" --prepare "${prepares[2]}" \
     -n "${names[0]}" "${commands[0]}" \
     -n "${names[1]}" "${commands[1]}" \
@@ -121,7 +130,17 @@ else
   # Rounds: each runs the three commands in turn, so a change in the machine's load (it is
   # shared) hits all three alike; each round gives its own ratios, and the table shows their
   # median and range.
-  log "timing with bash: $runs round(s) of the three commands in turn"
+  log "timing with bash: $warmup warm-up round(s), then $runs round(s) of the three commands in turn"
+  for ((r = 0; r < warmup; r++)); do
+    for i in "${!commands[@]}"; do
+      log "warm-up $((r + 1)) of $warmup: ${names[$i]}"
+      bash -c "${prepares[$i]}"
+      bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
+        cat "$work/run-$i.log" >&2
+        exit 1
+      }
+    done
+  done
   declare -A took
   for ((r = 0; r < runs; r++)); do
     for i in "${!commands[@]}"; do
@@ -177,7 +196,7 @@ count = lambda part: con.execute(
 s, c = count("snapshot"), count("changes")
 print(f"{s} snapshot rows + {c} changes")' "$dataset")"
 echo
-echo "lineitem scale $scale: $rows; $runs run(s) each; $(nproc) cores;" \
+echo "lineitem scale $scale: $rows; $runs run(s) each after $warmup warm-up round(s); $(nproc) cores;" \
   "load average before $load_before, after $load_after"
 echo "duckdb $duckdb_version; backfill $("$backfill" --version | cut -d' ' -f2)" \
   "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || true)"

@@ -146,6 +146,7 @@ pub mod backfill;
 pub mod chunk;
 mod error;
 mod ffi;
+mod interleave;
 pub mod job;
 pub mod key;
 pub mod merge;

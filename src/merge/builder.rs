@@ -33,9 +33,10 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, BinaryArray, RecordBatch};
 use arrow_schema::{Schema, SchemaRef};
-use arrow_select::interleave::{interleave, interleave_record_batch};
+use arrow_select::interleave::interleave;
 
 use crate::error::{Result, internal};
+use crate::interleave::interleave_batches;
 use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
 use crate::store::KeyedBatch;
@@ -257,7 +258,7 @@ impl OutputBuilder {
     fn interleave(&self) -> Result<KeyedBatch> {
         let used: Vec<&KeyedBatch> = self.sources.iter().map(|rows| &rows.data).collect();
         let batches: Vec<&RecordBatch> = used.iter().map(|b| &b.batch).collect();
-        let batch = interleave_record_batch(&batches, &self.indices)?;
+        let batch = interleave_batches(&batches, &self.indices)?;
         let keys = match &self.keys {
             OutputKeys::Encode(pk) => pk.encode(&batch)?,
             OutputKeys::Gather => {

@@ -25,10 +25,11 @@ use std::sync::atomic::AtomicUsize;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder};
-use arrow_select::interleave::{interleave, interleave_record_batch};
+use arrow_select::interleave::interleave;
 
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
+use crate::interleave::interleave_batches;
 use crate::store::run::{Rows, Run, Views, build_sliced_runs, newest_tier, partition_point};
 use crate::store::{KeyedBatch, gc_views};
 use crate::table::TableDesc;
@@ -311,7 +312,7 @@ fn merge_sorted(sources: &[Sorted<'_>]) -> Vec<(usize, usize, bool)> {
 /// The rows `(source, row)` of `sources` (one schema), with their keys.
 fn gather(sources: &[&KeyedBatch], indices: &[(usize, usize)]) -> Result<KeyedBatch> {
     let batches: Vec<_> = sources.iter().map(|s| &s.batch).collect();
-    let batch = interleave_record_batch(&batches, indices)?;
+    let batch = interleave_batches(&batches, indices)?;
     let keys: Vec<&dyn Array> = sources.iter().map(|s| &s.keys as &dyn Array).collect();
     let keys = interleave(&keys, indices)?.as_binary::<i32>().clone();
     Ok(KeyedBatch { batch, keys })

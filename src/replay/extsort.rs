@@ -46,10 +46,11 @@ use arrow_array::{Array, BinaryArray, RecordBatch};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::SchemaRef;
-use arrow_select::interleave::{interleave, interleave_record_batch};
+use arrow_select::interleave::interleave;
 use rayon::slice::ParallelSliceMut;
 
 use crate::error::{Error, Result, internal};
+use crate::interleave::interleave_batches;
 use crate::key::{KeyPrefix, PrimaryKey};
 use crate::merge::{Entry, LoserTree};
 
@@ -431,7 +432,7 @@ fn gather(batches: &[RecordBatch], order: &[(u32, u32)]) -> Result<RecordBatch> 
         .iter()
         .map(|&(b, r)| (b as usize, r as usize))
         .collect();
-    Ok(interleave_record_batch(&refs, &indices)?)
+    interleave_batches(&refs, &indices)
 }
 
 /// A run whose rows came in key order, its file still open: the next buffer extends it if
@@ -819,7 +820,7 @@ impl Merge {
             return Ok(None);
         }
         let batches: Vec<&RecordBatch> = self.sources.iter().map(|s| &s.batch).collect();
-        let batch = interleave_record_batch(&batches, &indices)?;
+        let batch = interleave_batches(&batches, &indices)?;
         let key_refs: Vec<&dyn Array> =
             self.sources.iter().map(|s| &s.keys as &dyn Array).collect();
         let keys = interleave(&key_refs, &indices)?.as_binary::<i32>().clone();

@@ -930,7 +930,7 @@ pub(crate) fn assemble(pieces: &[Run]) -> Result<Option<KeyedBatch>> {
                 indices.extend((offset..offset + piece.len()).map(|row| (source, row)));
             }
             let batches: Vec<&RecordBatch> = sources.iter().map(|r| &r.data.batch).collect();
-            let batch = arrow_select::interleave::interleave_record_batch(&batches, &indices)?;
+            let batch = crate::interleave::interleave_batches(&batches, &indices)?;
             let keys: Vec<&dyn Array> =
                 sources.iter().map(|r| &r.data.keys as &dyn Array).collect();
             let keys = arrow_select::interleave::interleave(&keys, &indices)?
