@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use arrangement_backfill::Result;
 use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::job::replay::{
-    Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint, STATE_DIR, StateChoice,
-    default_out_dir, default_parallelism, run_replay_until,
+    DEFAULT_BATCH_SIZE, Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint,
+    STATE_DIR, StateChoice, default_out_dir, default_parallelism, run_replay_until,
 };
 use arrangement_backfill::job::{Certificate, certify_output};
 use arrangement_backfill::replay::{
@@ -125,7 +125,7 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 256, value_parser = parse_vnodes)]
     vnodes: usize,
     /// Rows per snapshot batch and per change chunk (1 to 16777216).
-    #[arg(long, default_value_t = 1024, value_parser = parse_batch_size)]
+    #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, value_parser = parse_batch_size)]
     batch_size: usize,
     /// Snapshot order: one key-ordered stream (merged) or whole per-vnode batches (vnode).
     #[arg(long, value_enum, default_value_t = OrderArg::Merged)]
