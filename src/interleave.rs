@@ -2,11 +2,11 @@
 //! `interleave_record_batch` with its per-source cost taken out.
 //!
 //! A merge's output takes each row from wherever its input's current batch is, so one output
-//! batch of 1024 rows draws on about as many source batches as there are inputs (128 an
-//! actor at 256 vnodes; at 32768 vnodes nearly one per row). Arrow's interleave checks every
-//! source column's type against the first's and downcasts each source again for every
-//! column: per row of a build, about sixteen type comparisons and as many dynamic downcasts,
-//! which cost a merged scale-1 replay more than its gathers of decimals and dates did.
+//! batch draws on about as many source batches as there are inputs (128 an actor at 256
+//! vnodes; at 32768 vnodes nearly one per row). Arrow's interleave checks every source
+//! column's type against the first's and downcasts each source again for every column: with
+//! 1024-row outputs of lineitem's 16 columns, about two type comparisons and two dynamic
+//! downcasts per value gathered (`DataType::eq` alone was 1.2% of a merged scale-1 replay).
 //!
 //! Here the sources are checked once for one schema (the same `Arc` as a rule, since they
 //! are all blocks of one table), then each column of the common types (fixed-width
@@ -168,9 +168,9 @@ fn views<T: ByteViewType>(sources: &[&dyn Array], indices: &[(usize, usize)]) ->
     let nulls = nulls(sources, indices);
     // SAFETY: every view is a valid source array's view of a valid value, unchanged but
     // for its buffer index, which now names the same buffer (cloned, by reference) in
-    // `buffers`, or the empty view (a null); inline views name no buffer. Lengths, offsets within the buffer, prefixes and (for strings) UTF-8
-    // validity are therefore those the sources were validated with, and `nulls` has one bit
-    // per view.
+    // `buffers`, or the empty view (a null); inline views name no buffer. Lengths, offsets
+    // within the buffer, prefixes and (for strings) UTF-8 validity are therefore those the
+    // sources were validated with, and `nulls` has one bit per view.
     let array = unsafe { GenericByteViewArray::<T>::new_unchecked(views.into(), buffers, nulls) };
     Ok(Arc::new(array))
 }
