@@ -131,14 +131,18 @@ else
   # shared) hits all three alike; each round gives its own ratios, and the table shows their
   # median and range.
   log "timing with bash: $warmup warm-up round(s), then $runs round(s) of the three commands in turn"
+  # Command $1 into its log; on failure the log is shown and the script stops.
+  run_command() {
+    bash -c "${commands[$1]}" >"$work/run-$1.log" 2>&1 || {
+      cat "$work/run-$1.log" >&2
+      exit 1
+    }
+  }
   for ((r = 0; r < warmup; r++)); do
     for i in "${!commands[@]}"; do
       log "warm-up $((r + 1)) of $warmup: ${names[$i]}"
       bash -c "${prepares[$i]}"
-      bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
-        cat "$work/run-$i.log" >&2
-        exit 1
-      }
+      run_command "$i"
     done
   done
   declare -A took
@@ -147,10 +151,7 @@ else
       log "round $((r + 1)) of $runs: ${names[$i]}"
       bash -c "${prepares[$i]}"
       start=$(date +%s.%N)
-      bash -c "${commands[$i]}" >"$work/run-$i.log" 2>&1 || {
-        cat "$work/run-$i.log" >&2
-        exit 1
-      }
+      run_command "$i"
       end=$(date +%s.%N)
       took[$i,$r]=$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')
       log "  $(printf '%.2f' "${took[$i,$r]}") s"

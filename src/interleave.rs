@@ -71,14 +71,23 @@ fn interleave_column(sources: &[&dyn Array], indices: &[(usize, usize)]) -> Resu
     )
 }
 
-/// The validity of the gathered rows, if any source has a null.
-fn nulls(sources: &[&dyn Array], indices: &[(usize, usize)]) -> Option<NullBuffer> {
-    if sources.iter().all(|s| s.null_count() == 0) {
+/// Each source's nulls, if it has any.
+fn source_nulls<'a>(sources: &[&'a dyn Array]) -> Vec<Option<&'a NullBuffer>> {
+    sources
+        .iter()
+        .map(|s| s.nulls().filter(|n| n.null_count() > 0))
+        .collect()
+}
+
+/// The validity of the gathered rows, if any source has a null (`nulls`: per source, from
+/// [`source_nulls`]).
+fn gathered_nulls(nulls: &[Option<&NullBuffer>], indices: &[(usize, usize)]) -> Option<NullBuffer> {
+    if nulls.iter().all(Option::is_none) {
         return None;
     }
     let valid = BooleanBuffer::collect_bool(indices.len(), |i| {
         let (source, row) = indices[i];
-        sources[source].is_valid(row)
+        nulls[source].is_none_or(|n| n.is_valid(row))
     });
     Some(NullBuffer::new(valid))
 }
@@ -104,7 +113,8 @@ fn primitive<T: ArrowPrimitiveType>(
         .iter()
         .map(|&(source, row)| values[source][row])
         .collect();
-    let array = PrimitiveArray::<T>::new(ScalarBuffer::from(gathered), nulls(sources, indices))
+    let nulls = gathered_nulls(&source_nulls(sources), indices);
+    let array = PrimitiveArray::<T>::new(ScalarBuffer::from(gathered), nulls)
         .with_data_type(first.data_type().clone());
     Ok(Arc::new(array))
 }
@@ -135,10 +145,7 @@ fn views<T: ByteViewType>(sources: &[&dyn Array], indices: &[(usize, usize)]) ->
     let mut placed = vec![u32::MAX; total];
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut views = Vec::with_capacity(indices.len());
-    let source_nulls: Vec<Option<&NullBuffer>> = arrays
-        .iter()
-        .map(|a| a.nulls().filter(|n| n.null_count() > 0))
-        .collect();
+    let source_nulls = source_nulls(sources);
     // Indices checked in range by `interleave_batches`.
     for &(source, row) in indices {
         let array = arrays[source];
@@ -165,7 +172,7 @@ fn views<T: ByteViewType>(sources: &[&dyn Array], indices: &[(usize, usize)]) ->
         let renumbered = (view & !(u128::from(u32::MAX) << 64)) | (u128::from(*slot) << 64);
         views.push(renumbered);
     }
-    let nulls = nulls(sources, indices);
+    let nulls = gathered_nulls(&source_nulls, indices);
     // SAFETY: every view is a valid source array's view of a valid value, unchanged but
     // for its buffer index, which now names the same buffer (cloned, by reference) in
     // `buffers`, or the empty view (a null); inline views name no buffer. Lengths, offsets
