@@ -66,9 +66,11 @@ pub enum SnapshotOrder {
     /// One key-ordered stream over all vnodes (k-way merge).
     #[default]
     Merged,
-    /// Whole per-vnode batches, round robin (the batches of small vnodes gathered into one
-    /// of up to `batch_size` rows); cheaper, no global order (the command line's
-    /// `--order vnode`).
+    /// Per-vnode batches, one vnode after the other, each vnode's scan opened only when
+    /// the read reaches it (the batches of small vnodes gathered into one of up to
+    /// `batch_size` rows); cheaper, no global order (the command line's `--order vnode`). A
+    /// barrier brings only the vnode being read to the new epoch: the others are read later,
+    /// at the epoch current then ([`crate::merge::RoundRobin::deferred`]).
     PerVnode,
 }
 
@@ -200,6 +202,7 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             merger: None,
             patch_ledger: PatchLedger::default(),
             read_size: 0,
+            read_epoch: 0,
             limiter: RateLimiter::new(None),
             out: VecDeque::new(),
             prefer_snapshot: false,
@@ -226,6 +229,9 @@ struct Driver<S: StateStore, T: Tracker, U> {
     patch_ledger: PatchLedger,
     /// Rows per scan read of the open merger.
     read_size: usize,
+    /// The epoch a scan opened now reads at: the last one sealed (or the snapshot's). The
+    /// merger's deferred inputs open at it when it reaches them.
+    read_epoch: u64,
     limiter: RateLimiter,
     out: VecDeque<Message>,
     prefer_snapshot: bool,
@@ -352,7 +358,12 @@ where
         let (Some(merger), Some(core)) = (self.merger.as_mut(), self.core.as_mut()) else {
             return Ok(());
         };
-        let actions = match merger.next_output()? {
+        let (replicated, epoch, read_size) =
+            (&self.exec.replicated, self.read_epoch, self.read_size);
+        let mut open = |vnode: VirtualNode, after: Option<&Position>| {
+            replicated.scan(vnode, after, epoch, read_size)
+        };
+        let actions = match merger.next_output_opening(&mut open)? {
             Some(output) => {
                 self.limiter.consume(output.batch.num_rows());
                 core.on_snapshot_output(output)?
@@ -376,6 +387,7 @@ where
                 Action::Seal(epoch) => {
                     self.exec.replicated.seal(epoch)?;
                     self.exec.progress_table.seal(epoch)?;
+                    self.read_epoch = epoch;
                 }
                 Action::StartSnapshot { epoch, plan } => self.start_snapshot(epoch, plan)?,
                 Action::RestartScans {
@@ -430,6 +442,18 @@ where
         // The previous epoch's merge goes first: its inputs hold a loaded block per source
         // per vnode, and holding both sets at once doubled the replay's peak memory.
         self.merger = None;
+        self.read_size = read_size;
+        self.read_epoch = epoch;
+        let name = self.exec.desc.name();
+        if !merged {
+            // One vnode after the other, each opened when reached (see `RoundRobin::deferred`).
+            self.merger = Some(Box::new(
+                RoundRobin::deferred(plan)
+                    .with_table_name(name)
+                    .with_output_rows(batch_size),
+            ));
+            return Ok(());
+        }
         let mut inputs = Vec::with_capacity(plan.len());
         for (vnode, pos) in plan {
             let scan = self
@@ -439,17 +463,9 @@ where
             inputs.push((vnode, scan));
         }
         let pk = self.exec.desc.pk();
-        let name = self.exec.desc.name();
-        self.read_size = read_size;
-        self.merger = Some(if merged {
-            Box::new(KWayMerge::new(pk, inputs, batch_size)?.with_table_name(name))
-        } else {
-            Box::new(
-                RoundRobin::new(inputs)
-                    .with_table_name(name)
-                    .with_output_rows(batch_size),
-            )
-        });
+        self.merger = Some(Box::new(
+            KWayMerge::new(pk, inputs, batch_size)?.with_table_name(name),
+        ));
         Ok(())
     }
 
@@ -467,14 +483,25 @@ where
             .merger
             .as_mut()
             .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
+        self.read_epoch = epoch;
+        // A deferred input opens at the epoch current when it is reached: it has these
+        // changes then, and needs neither a patch nor a fresh scan now.
+        let plan: Vec<(VirtualNode, Option<Position>)> = (plan.into_iter())
+            .filter(|(vnode, _)| !merger.is_deferred(*vnode))
+            .collect();
+        if plan.is_empty() {
+            return Ok(());
+        }
         let budget = self.exec.config.patch_budget;
         let held = || self.patch_ledger.load(Ordering::Relaxed);
         let mut patches: HashMap<VirtualNode, Patch> = HashMap::new();
         if held() < budget {
+            let wanted: hashbrown::HashSet<VirtualNode> = plan.iter().map(|(v, _)| *v).collect();
             patches.extend(Patch::by_vnode(
                 &self.exec.desc,
                 &changes,
                 &self.patch_ledger,
+                |vnode| wanted.contains(&vnode),
             )?);
             // The barrier's patches are slices of one batch: all of them fit, or none.
             if held() > budget {

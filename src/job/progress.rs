@@ -7,10 +7,9 @@
 //!
 //! The slowest vnodes are those in progress the longest (since the earliest epoch, over all
 //! actors, counted from the last resume or rescale, which restore every open vnode): in
-//! per-vnode order with small vnodes, the stragglers a user waits for (a large vnode, or one
-//! whose scan upstream changes keep restarting); in merged order, or round robin over large
-//! vnodes, every vnode starts at once, so they are the lowest-numbered vnodes still open,
-//! with their rows read.
+//! per-vnode order (one vnode after the other), the vnode being read and, after a resume or
+//! rescale, those restored in progress; in merged order every vnode starts at once, so they
+//! are the lowest-numbered vnodes still open, with their rows read.
 //!
 //! Counting: `rows_read` is the snapshot rows emitted in all (restored progress included),
 //! the sum of the actors' per-vnode row counts. The snapshot of a vnode is read at the

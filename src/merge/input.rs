@@ -58,6 +58,21 @@ impl<S: SnapshotScan> MergeInput<S> {
         }
     }
 
+    /// An input whose scan is not open yet: [`MergeInput::restart`] gives it one. Until
+    /// then it reads as exhausted.
+    pub fn unopened(vnode: VirtualNode) -> Self {
+        Self {
+            vnode,
+            scan: None,
+            retired: None,
+            ready: VecDeque::new(),
+            unread: VecDeque::new(),
+            patches: Patches::default(),
+            last_key: Vec::new(),
+            seen_rows: false,
+        }
+    }
+
     pub fn vnode(&self) -> VirtualNode {
         self.vnode
     }

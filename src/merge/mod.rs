@@ -158,4 +158,23 @@ pub trait RestartInputs<S: SnapshotScan>: SnapshotMerger {
     /// the changes of a barrier the filter dropped are exactly those. Patches of several
     /// barriers stack, the newest winning. Only between outputs.
     fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()>;
+
+    /// Whether the input of `vnode` has no scan yet and opens one only when the merger
+    /// reaches it ([`RoundRobin::deferred`]): it reads the store at the epoch current then,
+    /// so a barrier's changes to it need neither a patch nor a restart.
+    fn is_deferred(&self, vnode: VirtualNode) -> bool {
+        let _ = vnode;
+        false
+    }
+
+    /// [`SnapshotMerger::next_output`], opening each deferred input it reaches with `open`
+    /// (the vnode, and the position to scan after).
+    fn next_output_opening(&mut self, open: &mut OpenScan<'_, S>) -> Result<Option<MergeOutput>> {
+        let _ = open;
+        self.next_output()
+    }
 }
+
+/// Opens the scan of a vnode after a position (`None`: from its first row), at the epoch the
+/// caller reads at: how a merger opens its deferred inputs.
+pub type OpenScan<'a, S> = dyn FnMut(VirtualNode, Option<&Position>) -> Result<S> + 'a;

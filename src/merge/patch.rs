@@ -59,25 +59,43 @@ impl Patch {
         Ok(Self { rows })
     }
 
-    /// The changes of `chunks` (in order: the newest change of a key wins) per vnode, their
-    /// memory counted in `ledger` (once: the patches are slices of one batch) until the last
-    /// of them, or what is merged from them, is dropped.
+    /// The changes of `chunks` (in order: the newest change of a key wins) per vnode, for
+    /// the vnodes `wanted` keeps, their memory counted in `ledger` (once: the patches are
+    /// slices of one batch) until the last of them, or what is merged from them, is dropped.
     pub(crate) fn by_vnode(
         desc: &TableDesc,
         chunks: &[StreamChunk],
         ledger: &PatchLedger,
+        wanted: impl Fn(VirtualNode) -> bool,
     ) -> Result<Vec<(VirtualNode, Patch)>> {
-        if chunks.is_empty() {
+        let mut batches: Vec<RecordBatch> = Vec::with_capacity(chunks.len());
+        let mut ops: Vec<Op> = Vec::new();
+        let mut vnodes: Vec<VirtualNode> = Vec::new();
+        for chunk in chunks {
+            let of_rows = desc.vnodes_of(chunk.batch())?;
+            let keep: Vec<bool> = of_rows.iter().map(|v| wanted(*v)).collect();
+            if keep.iter().all(|k| *k) {
+                batches.push(chunk.batch().clone());
+                ops.extend_from_slice(chunk.ops());
+                vnodes.extend(of_rows);
+            } else if keep.iter().any(|k| *k) {
+                // Only the wanted rows are copied into the patches.
+                let mask = arrow_array::BooleanArray::from(keep.clone());
+                batches.push(arrow_select::filter::filter_record_batch(
+                    chunk.batch(),
+                    &mask,
+                )?);
+                let zipped = chunk.ops().iter().zip(of_rows).zip(&keep);
+                for ((op, vnode), _) in zipped.filter(|(_, keep)| **keep) {
+                    ops.push(*op);
+                    vnodes.push(vnode);
+                }
+            }
+        }
+        if ops.is_empty() {
             return Ok(Vec::new());
         }
-        let batches: Vec<&RecordBatch> = chunks.iter().map(StreamChunk::batch).collect();
-        let ops: Vec<Op> = (chunks.iter())
-            .flat_map(|c| c.ops().iter().copied())
-            .collect();
-        let mut vnodes = Vec::with_capacity(ops.len());
-        for batch in &batches {
-            vnodes.extend(desc.vnodes_of(batch)?);
-        }
+        let batches: Vec<&RecordBatch> = batches.iter().collect();
         // One copy of the rows, sorted by vnode and key; each vnode's patch is a range.
         let (runs, _) =
             build_sliced_runs(desc, &batches, &ops, &vnodes, Some(ledger), Views::Compact)?;
@@ -485,10 +503,11 @@ mod tests {
         let ledger = PatchLedger::default();
         let held = || ledger.load(Ordering::Relaxed);
         let chunk = |keys: &[i64], id| StreamChunk::inserts(int_rows_with_ids(&pk, keys, id).batch);
-        let mut older = Patch::by_vnode(&desc, &[chunk(&[2, 4, 6], 100)], &ledger).unwrap();
+        let mut older =
+            Patch::by_vnode(&desc, &[chunk(&[2, 4, 6], 100)], &ledger, |_| true).unwrap();
         let one = held();
         assert!(one > 0);
-        let mut newer = Patch::by_vnode(&desc, &[chunk(&[5, 7], 200)], &ledger).unwrap();
+        let mut newer = Patch::by_vnode(&desc, &[chunk(&[5, 7], 200)], &ledger, |_| true).unwrap();
         let two = held();
         assert!(two > one);
         let (older, newer) = (older.remove(0).1, newer.remove(0).1);

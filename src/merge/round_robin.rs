@@ -25,6 +25,25 @@
 //! once (barriers that come faster than the rows) still reads a batch. The cap bounds the
 //! reads one output makes (each input also fetches its next batch ahead) like the k-way
 //! merge's fan-in does, so a barrier waits no longer behind it.
+//!
+//! [`RoundRobin::deferred`] (what the backfill executor uses) reads the inputs *one after
+//! the other* instead, each opened only when the output reaches it
+//! ([`RestartInputs::next_output_opening`]):
+//!
+//! ```text
+//!   vnode 3: [1 4] [9]         output 1: vnode 3 [1 4]   (vnode 3 opened)
+//!   vnode 7: [2 3]      -->    output 2: vnode 3 [9]     exhausted: [3]
+//!   vnode 9: (empty)           output 3: vnode 7 [2 3]   (vnode 7 opened) exhausted: [7]
+//!                              output 4: (vnode 9 opened) exhausted: [9]
+//! ```
+//!
+//! A vnode not reached yet holds no scan, no block and no patch: at a barrier the changes
+//! beyond its position need nothing (the filter dropped them, and the store has them when the
+//! vnode opens, at the epoch of that read). Only the vnode being read is brought to each new
+//! epoch, so a barrier's work follows the one or two vnodes in progress, not every vnode
+//! still to read; in round robin every vnode is in progress after the first round and each
+//! barrier patched (or, past the patch budget, reopened) most of them, holding their changes
+//! and a loaded block per source per vnode meanwhile.
 use std::collections::VecDeque;
 
 use arrow_schema::SchemaRef;
@@ -35,7 +54,7 @@ use crate::key::Position;
 use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
 use crate::merge::patch::Patch;
-use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger, VnodeAdvance};
+use crate::merge::{MergeOutput, OpenScan, RestartInputs, SnapshotMerger, VnodeAdvance};
 use crate::store::SnapshotScan;
 use crate::store::run::{Run, assemble};
 use crate::vnode::VirtualNode;
@@ -60,6 +79,12 @@ pub struct RoundRobin<S: SnapshotScan> {
     schema: Option<SchemaRef>,
     /// An output gathers batches of successive inputs up to this many rows (1: one batch).
     output_rows: usize,
+    /// Per input, `Some(position to scan after)` while its scan is not open yet
+    /// ([`RoundRobin::deferred`]).
+    deferred: Vec<Option<Option<Position>>>,
+    /// Each input is read until exhausted before the next (deferred inputs), instead of
+    /// one turn each in round robin.
+    sequential: bool,
 }
 
 impl<S: SnapshotScan> RoundRobin<S> {
@@ -82,6 +107,27 @@ impl<S: SnapshotScan> RoundRobin<S> {
             table: String::new(),
             schema: None,
             output_rows: 1,
+            deferred: (0..k).map(|_| None).collect(),
+            sequential: false,
+        }
+    }
+
+    /// Reads the vnodes of `plan` one after the other, in order, each from its position
+    /// (`None`: its first row) and each opened only when an output reaches it, with the
+    /// opener given to [`RestartInputs::next_output_opening`] (see the module docs).
+    pub fn deferred(plan: Vec<(VirtualNode, Option<Position>)>) -> Self {
+        let k = plan.len();
+        Self {
+            ahead: (0..k).map(|_| None).collect(),
+            index: plan.iter().enumerate().map(|(i, (v, _))| (*v, i)).collect(),
+            inputs: plan.iter().map(|(v, _)| MergeInput::unopened(*v)).collect(),
+            turns: (0..k).collect(),
+            queued: vec![true; k],
+            table: String::new(),
+            schema: None,
+            output_rows: 1,
+            deferred: plan.into_iter().map(|(_, after)| Some(after)).collect(),
+            sequential: true,
         }
     }
 
@@ -102,6 +148,17 @@ impl<S: SnapshotScan> RoundRobin<S> {
 
 impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
     fn next_output(&mut self) -> Result<Option<MergeOutput>> {
+        self.next_output_opening(&mut |vnode, _| {
+            Err(internal!(
+                "vnode {vnode} is deferred and no opener was given"
+            ))
+        })
+    }
+}
+
+impl<S: SnapshotScan> RoundRobin<S> {
+    /// The next output; `open` opens each deferred input it reaches.
+    fn gather(&mut self, open: &mut OpenScan<'_, S>) -> Result<Option<MergeOutput>> {
         let mut exhausted = Vec::new();
         let mut pieces: Vec<Run> = Vec::new();
         let mut progress = Vec::new();
@@ -115,6 +172,10 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
             if requeued_first == Some(turn) {
                 self.turns.push_front(turn);
                 break;
+            }
+            if let Some(after) = self.deferred[turn].take() {
+                let scan = open(self.inputs[turn].vnode(), after.as_ref())?;
+                self.inputs[turn].restart(scan, after.as_ref());
             }
             let input = &mut self.inputs[turn];
             let batch = match self.ahead[turn].take() {
@@ -150,7 +211,11 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
                     Some(next) if rows + next.len() <= self.output_rows => batch = next,
                     Some(next) => {
                         self.ahead[turn] = Some(next);
-                        self.turns.push_back(turn);
+                        if self.sequential {
+                            self.turns.push_front(turn);
+                        } else {
+                            self.turns.push_back(turn);
+                        }
                         requeued_first.get_or_insert(turn);
                         break last;
                     }
@@ -191,6 +256,7 @@ impl<S: SnapshotScan> SnapshotMerger for RoundRobin<S> {
 impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
     fn restart(&mut self, vnode: VirtualNode, scan: S, after: Option<&Position>) -> Result<()> {
         let input = self.input(vnode, "restart")?;
+        self.deferred[input] = None;
         self.inputs[input].restart(scan, after);
         self.ahead[input] = None;
         self.requeue(input);
@@ -199,11 +265,25 @@ impl<S: SnapshotScan> RestartInputs<S> for RoundRobin<S> {
 
     fn patch(&mut self, vnode: VirtualNode, patch: Patch, after: Option<&Position>) -> Result<()> {
         let input = self.input(vnode, "patch")?;
+        if self.deferred[input].is_some() {
+            // Its scan opens at a later epoch, which has these changes.
+            return Err(internal!(
+                "patch of vnode {vnode}, whose scan is not open yet"
+            ));
+        }
         // The batch fetched ahead goes back to the input, to be handed out patched.
         let unread = self.ahead[input].take();
         self.inputs[input].patch(unread, patch, after)?;
         self.requeue(input);
         Ok(())
+    }
+
+    fn is_deferred(&self, vnode: VirtualNode) -> bool {
+        (self.index.get(&vnode)).is_some_and(|&input| self.deferred[input].is_some())
+    }
+
+    fn next_output_opening(&mut self, open: &mut OpenScan<'_, S>) -> Result<Option<MergeOutput>> {
+        self.gather(open)
     }
 }
 
@@ -244,6 +324,137 @@ mod tests {
         for seed in 100..160 {
             check_restarts(seed, false, |inputs, _| RoundRobin::new(inputs));
         }
+    }
+
+    #[test]
+    fn deferred_inputs_continue_after_their_positions() {
+        for seed in 300..360 {
+            check_restarts(seed, false, |inputs, batch_size| {
+                let plan = inputs.into_iter().map(|(vnode, _)| (vnode, None)).collect();
+                RoundRobin::deferred(plan).with_output_rows(batch_size)
+            });
+        }
+    }
+
+    /// Drains `merger`, opening deferred inputs from `scans`; returns the outputs and, per
+    /// output, the vnodes opened while making it.
+    fn drain_opening(
+        merger: &mut RoundRobin<VecScan>,
+        mut scans: HashMap<VirtualNode, VecScan>,
+    ) -> (Vec<MergeOutput>, Vec<Vec<VirtualNode>>) {
+        let (mut outputs, mut opened) = (Vec::new(), Vec::new());
+        loop {
+            let mut now = Vec::new();
+            let mut open = |vnode: VirtualNode, after: Option<&Position>| {
+                assert!(after.is_none());
+                now.push(vnode);
+                scans
+                    .remove(&vnode)
+                    .ok_or_else(|| internal!("vnode {vnode} opened twice"))
+            };
+            let Some(output) = merger.next_output_opening(&mut open).unwrap() else {
+                return (outputs, opened);
+            };
+            outputs.push(output);
+            opened.push(now);
+        }
+    }
+
+    #[test]
+    fn fuzz_deferred_every_row_once_one_vnode_at_a_time() {
+        let mut seed = 3000;
+        for shape in [KeyShape::Int, KeyShape::Composite] {
+            for num_inputs in [1, 16, 300] {
+                for output_rows in [1, 5, 1024] {
+                    seed += 1;
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    let case = random_case(&mut rng, shape, num_inputs, 3000);
+                    let plan = case.inputs.iter().map(|(v, _)| (*v, None)).collect();
+                    let mut merger = RoundRobin::deferred(plan).with_output_rows(output_rows);
+                    let scans = case.scans().into_iter().collect();
+                    let (outputs, opened) = drain_opening(&mut merger, scans);
+                    check_outputs(&case, &outputs);
+                    // In order, each opened once, and none before the one before it is done.
+                    let order: Vec<VirtualNode> = opened.iter().flatten().copied().collect();
+                    let plan_order: Vec<VirtualNode> =
+                        case.inputs.iter().map(|(v, _)| *v).collect();
+                    assert_eq!(order, plan_order, "seed {seed}");
+                    let mut open = std::collections::BTreeSet::new();
+                    for (output, opened) in outputs.iter().zip(&opened) {
+                        open.extend(opened.iter().copied());
+                        for vnode in &output.exhausted {
+                            open.remove(vnode);
+                        }
+                        assert!(open.len() <= 1, "seed {seed}: {open:?} open at once");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn deferred_inputs_open_one_after_the_other_when_reached() {
+        let pk = int_key(false);
+        let (v3, v7, v9) = (
+            VirtualNode::new(3),
+            VirtualNode::new(7),
+            VirtualNode::new(9),
+        );
+        let scans = HashMap::from([
+            (
+                v3,
+                VecScan::new(vec![
+                    int_rows_with_ids(&pk, &[1, 4], 0),
+                    int_rows_with_ids(&pk, &[9], 2),
+                ]),
+            ),
+            (v7, VecScan::new(vec![int_rows_with_ids(&pk, &[2, 3], 10)])),
+            (v9, VecScan::new(vec![int_rows(&pk, &[])])),
+        ]);
+        let mut merger = RoundRobin::deferred(vec![(v3, None), (v7, None), (v9, None)]);
+        assert!(merger.is_deferred(v3) && merger.is_deferred(v7));
+        let (outputs, opened) = drain_opening(&mut merger, scans);
+        let shape: Vec<(Vec<u64>, Vec<VirtualNode>, Vec<VirtualNode>)> = outputs
+            .iter()
+            .zip(opened)
+            .map(|(o, opened)| (ids(&o.batch.batch), o.exhausted.clone(), opened))
+            .collect();
+        // The module docs' example.
+        assert_eq!(
+            shape,
+            vec![
+                (vec![0, 1], vec![], vec![v3]),
+                (vec![2], vec![v3], vec![]),
+                (vec![10, 11], vec![v7], vec![v7]),
+                (vec![], vec![v9], vec![v9]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_deferred_input_restarted_opens_with_its_scan_and_cannot_be_patched() {
+        let pk = int_key(false);
+        let (v0, v1) = (VirtualNode::new(0), VirtualNode::new(1));
+        let mut merger = RoundRobin::deferred(vec![(v0, None), (v1, None)]);
+        let patch = Patch::new(int_rows(&pk, &[5]), None).unwrap();
+        assert!(merger.patch(v1, patch, None).is_err());
+        // Given a scan, it is open: read in its turn without the opener.
+        merger
+            .restart(
+                v1,
+                VecScan::new(vec![int_rows_with_ids(&pk, &[3], 7)]),
+                None,
+            )
+            .unwrap();
+        assert!(!merger.is_deferred(v1) && merger.is_deferred(v0));
+        let scans = HashMap::from([(v0, VecScan::new(vec![int_rows_with_ids(&pk, &[2], 1)]))]);
+        let (outputs, opened) = drain_opening(&mut merger, scans);
+        let ids: Vec<Vec<u64>> = outputs.iter().map(|o| ids(&o.batch.batch)).collect();
+        assert_eq!(ids, vec![vec![1], vec![7]]);
+        assert_eq!(opened, vec![vec![v0], vec![]]);
+        // Without an opener, a deferred input is an error, not a panic.
+        let mut merger = RoundRobin::<VecScan>::deferred(vec![(v0, None)]);
+        assert!(merger.next_output().is_err());
     }
 
     #[test]
