@@ -256,10 +256,12 @@ impl Fold for Crc32 {
 
 /// A 64-bit row hash: each value, widened to 64-bit words, is folded in with a 64x64->128
 /// multiply whose halves are xored ("mum", as in wyhash). A 128-bit value (a decimal) and
-/// each 16 bytes of a string (up to 12 bytes zero-padded, longer ones ending with their
-/// last 16, see [`Fold::bytes`] below) take one multiply of both halves; a string then folds
-/// in its length, which tells the padding, the empty string and where one column's string
-/// ends from the next. Not a format (nothing persists it); finish a row
+/// each 16 bytes of a string take one multiply of both halves. A string's length tells the
+/// padding, the empty string and where one column's string ends from the next: up to 12
+/// bytes, the length and the zero-padded bytes are one 16-byte block (a string view's own
+/// layout, so a view is folded as it is, one multiply); longer, the length is mixed into the
+/// state first and the blocks follow (each 16 bytes but the last, then the last 16; see
+/// [`Fold::bytes`] below). Not a format (nothing persists it); finish a row
 /// with [`mix64`].
 pub(crate) struct Mix64;
 
@@ -287,14 +289,6 @@ impl Mix64 {
         if let Some(bytes) = v.get(at..at + 8) {
             w.copy_from_slice(bytes);
         }
-        u64::from_le_bytes(w)
-    }
-
-    /// The little-endian word of up to 8 bytes, zero-padded.
-    #[inline(always)]
-    fn word(bytes: &[u8]) -> u64 {
-        let mut w = [0u8; 8];
-        w[..bytes.len()].copy_from_slice(bytes);
         u64::from_le_bytes(w)
     }
 }
@@ -325,47 +319,49 @@ impl Fold for Mix64 {
     fn u128(s: u64, v: u128) -> u64 {
         Self::pair(s, v as u64, (v >> 64) as u64)
     }
-    /// Up to 12 bytes (what a view holds inline): one zero-padded block, as
-    /// [`Fold::inline_view`] reads it from the view. Longer: each block of 16 but the last,
-    /// then the last 16 bytes (the first 8 and the last 8 under 16), overlapping the block
-    /// before: every read a whole word, no copy of a tail of any length. Both cover every
-    /// byte, and the length follows.
+    /// Up to 12 bytes (what a view holds inline): one block of the length (4 bytes) and
+    /// the zero-padded bytes, the view's layout, as [`Fold::inline_view`] reads it from the
+    /// view. Longer: the length mixed into the state (an odd multiple of it xored in, so
+    /// every length starts from its own state), then each block of 16 but the last, then
+    /// the last 16 bytes, overlapping the block before: every read a whole word, no copy of
+    /// a tail of any length. Both cover every byte and the length.
     #[inline(always)]
     fn bytes(mut s: u64, v: &[u8]) -> u64 {
         let n = v.len();
         if n > MAX_INLINE_VIEW_LEN as usize {
+            s ^= (n as u64).wrapping_mul(MIX_K);
             let mut at = 0;
             while at + 16 < n {
                 s = Self::pair(s, Self::word_at(v, at), Self::word_at(v, at + 8));
                 at += 16;
             }
+            // Under 16 bytes: the first 8 and the last 8.
             let last = n.saturating_sub(16);
             s = Self::pair(s, Self::word_at(v, last), Self::word_at(v, n - 8));
-        } else if n > 0 {
-            let (lo, hi) = v.split_at(n.min(8));
-            s = Self::pair(s, Self::word(lo), Self::word(hi));
+        } else {
+            // The view of these bytes: length, then the bytes, zero-padded.
+            let mut block = [0u8; 16];
+            block[..4].copy_from_slice(&(n as u32).to_le_bytes());
+            block[4..4 + n].copy_from_slice(v);
+            let view = u128::from_le_bytes(block);
+            s = Self::pair(s, view as u64, (view >> 64) as u64);
         }
-        Self::u64(s, n as u64)
+        s
     }
     /// The length already ends the bytes: no terminator.
     #[inline(always)]
     fn string(s: u64, v: &[u8]) -> u64 {
         Self::bytes(s, v)
     }
-    /// [`Fold::string`] of the view's bytes, read from the view itself: its bytes 4 to 12
-    /// and 12 to 16 are the two words of the one (zero-padded) block.
+    /// [`Fold::string`] of the view's bytes, read from the view itself: the view is the
+    /// block, its bytes past `len` masked to zeros (as the CRC's path reads only `len`
+    /// bytes: arrow validates the padding as zeros, but an array built unchecked may not
+    /// have it).
     #[inline(always)]
     fn inline_view(s: u64, view: u128, len: usize) -> u64 {
-        let s = match len {
-            0 => s,
-            // Masked as the CRC's path reads only `len` bytes (arrow validates the padding
-            // as zeros, but an array built unchecked may not have it).
-            _ => {
-                let data = (view >> 32) & (u128::MAX >> (128 - 8 * len.min(12)));
-                Self::pair(s, data as u64, (data >> 64) as u64)
-            }
-        };
-        Self::u64(s, len as u64)
+        let kept = 32 + 8 * len.min(12) as u32;
+        let view = view & (u128::MAX >> (128 - kept));
+        Self::pair(s, view as u64, (view >> 64) as u64)
     }
 }
 
