@@ -47,14 +47,8 @@ pub(crate) struct MergeInput<S> {
 impl<S: SnapshotScan> MergeInput<S> {
     pub fn new(vnode: VirtualNode, scan: S) -> Self {
         Self {
-            vnode,
             scan: Some(scan),
-            retired: None,
-            ready: VecDeque::new(),
-            unread: VecDeque::new(),
-            patches: Patches::default(),
-            last_key: Vec::new(),
-            seen_rows: false,
+            ..Self::unopened(vnode)
         }
     }
 
