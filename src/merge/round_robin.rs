@@ -392,15 +392,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn deferred_inputs_open_one_after_the_other_when_reached() {
+    /// The vnodes of the module docs' example.
+    const DOCS_VNODES: [VirtualNode; 3] = [
+        VirtualNode::new(3),
+        VirtualNode::new(7),
+        VirtualNode::new(9),
+    ];
+
+    /// The module docs' inputs: vnode 3 `[1 4] [9]` (row ids 0, 1, 2), vnode 7 `[2 3]` (ids
+    /// 10, 11) and vnode 9, empty.
+    fn docs_example() -> Vec<(VirtualNode, VecScan)> {
         let pk = int_key(false);
-        let (v3, v7, v9) = (
-            VirtualNode::new(3),
-            VirtualNode::new(7),
-            VirtualNode::new(9),
-        );
-        let scans = HashMap::from([
+        let [v3, v7, v9] = DOCS_VNODES;
+        vec![
             (
                 v3,
                 VecScan::new(vec![
@@ -410,7 +414,13 @@ mod tests {
             ),
             (v7, VecScan::new(vec![int_rows_with_ids(&pk, &[2, 3], 10)])),
             (v9, VecScan::new(vec![int_rows(&pk, &[])])),
-        ]);
+        ]
+    }
+
+    #[test]
+    fn deferred_inputs_open_one_after_the_other_when_reached() {
+        let [v3, v7, v9] = DOCS_VNODES;
+        let scans: HashMap<VirtualNode, VecScan> = docs_example().into_iter().collect();
         let mut merger = RoundRobin::deferred(vec![(v3, None), (v7, None), (v9, None)]);
         assert!(merger.is_deferred(v3) && merger.is_deferred(v7));
         let (outputs, opened) = drain_opening(&mut merger, scans);
@@ -632,24 +642,8 @@ mod tests {
 
     #[test]
     fn inputs_take_turns_and_exhaustion_is_reported_on_the_way() {
-        let pk = int_key(false);
-        let (v0, v1, v2) = (
-            VirtualNode::new(3),
-            VirtualNode::new(7),
-            VirtualNode::new(9),
-        );
-        let inputs = vec![
-            (
-                v0,
-                VecScan::new(vec![
-                    int_rows_with_ids(&pk, &[1, 4], 0),
-                    int_rows_with_ids(&pk, &[9], 2),
-                ]),
-            ),
-            (v1, VecScan::new(vec![int_rows_with_ids(&pk, &[2, 3], 10)])),
-            (v2, VecScan::new(vec![int_rows(&pk, &[])])),
-        ];
-        let outputs = drain(&mut RoundRobin::new(inputs), 10).unwrap();
+        let [v0, v1, v2] = DOCS_VNODES;
+        let outputs = drain(&mut RoundRobin::new(docs_example()), 10).unwrap();
         let shape: Vec<(Vec<u64>, Vec<VirtualNode>)> = outputs
             .iter()
             .map(|o| (ids(&o.batch.batch), o.exhausted.clone()))
