@@ -533,6 +533,55 @@ mod tests {
         assert_eq!(held(), 0);
     }
 
+    /// Patches for some vnodes only: each is the one all vnodes' patches give it, and the
+    /// others' rows are not copied (not counted in the ledger).
+    #[test]
+    fn patches_of_the_wanted_vnodes_only() {
+        use std::sync::atomic::Ordering;
+        let pk = int_key(false);
+        let desc = TableDesc::new(
+            "t",
+            int_rows_with_ids(&pk, &[], 0).batch.schema(),
+            vec![crate::key::KeyColumn::asc("k")],
+        )
+        .unwrap()
+        .with_vnode_count(crate::vnode::VnodeCount::new(8).unwrap());
+        let keys: Vec<i64> = (0..200).collect();
+        let chunks = [
+            StreamChunk::inserts(int_rows_with_ids(&pk, &keys[..120], 0).batch),
+            StreamChunk::inserts(int_rows_with_ids(&pk, &keys[120..], 120).batch),
+        ];
+        let keys_of = |patch: &Patch| -> Vec<Vec<u8>> {
+            (0..patch.len()).map(|i| patch.key(i).to_vec()).collect()
+        };
+        let all_ledger = PatchLedger::default();
+        let all = Patch::by_vnode(&desc, &chunks, &all_ledger, |_| true).unwrap();
+        assert_eq!(all.len(), 8);
+        let even = |v: VirtualNode| v.index().is_multiple_of(2);
+        let some_ledger = PatchLedger::default();
+        let some = Patch::by_vnode(&desc, &chunks, &some_ledger, even).unwrap();
+        let expected: Vec<(VirtualNode, Vec<Vec<u8>>)> = (all.iter())
+            .filter(|(v, _)| even(*v))
+            .map(|(v, p)| (*v, keys_of(p)))
+            .collect();
+        let got: Vec<(VirtualNode, Vec<Vec<u8>>)> =
+            some.iter().map(|(v, p)| (*v, keys_of(p))).collect();
+        assert_eq!(got, expected);
+        let (all_bytes, some_bytes) = (
+            all_ledger.load(Ordering::Relaxed),
+            some_ledger.load(Ordering::Relaxed),
+        );
+        assert!(some_bytes < all_bytes, "{some_bytes} of {all_bytes} bytes");
+        // None wanted: nothing copied.
+        let none_ledger = PatchLedger::default();
+        assert!(
+            Patch::by_vnode(&desc, &chunks, &none_ledger, |_| false)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(none_ledger.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn a_patch_checks_its_shape() {
         let pk = int_key(false);
