@@ -127,7 +127,8 @@ struct ReplayArgs {
     /// Rows per snapshot batch and per change chunk (1 to 16777216).
     #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, value_parser = parse_batch_size)]
     batch_size: usize,
-    /// Snapshot order: one key-ordered stream (merged) or whole per-vnode batches (vnode).
+    /// Snapshot order: one key-ordered stream (merged) or per-vnode batches, one vnode after
+    /// the other (vnode).
     #[arg(long, value_enum, default_value_t = OrderArg::Merged)]
     order: OrderArg,
     /// Make every N-th barrier a checkpoint (at least 1).
