@@ -229,8 +229,9 @@ struct Driver<S: StateStore, T: Tracker, U> {
     patch_ledger: PatchLedger,
     /// Rows per scan read of the open merger.
     read_size: usize,
-    /// The epoch a scan opened now reads at: the last one sealed (or the snapshot's). The
-    /// merger's deferred inputs open at it when it reaches them.
+    /// The epoch a scan opened now reads at: the last one sealed (a barrier seals it
+    /// before it restarts scans at it), or the snapshot's. The merger's deferred inputs open
+    /// at it when it reaches them.
     read_epoch: u64,
     limiter: RateLimiter,
     out: VecDeque<Message>,
@@ -483,7 +484,6 @@ where
             .merger
             .as_mut()
             .ok_or_else(|| internal!("scans restarted with no snapshot open"))?;
-        self.read_epoch = epoch;
         // A deferred input opens at the epoch current when it is reached: it has these
         // changes then, and needs neither a patch nor a fresh scan now.
         let plan: Vec<(VirtualNode, Option<Position>)> = (plan.into_iter())

@@ -486,6 +486,17 @@ mod tests {
         }
     }
 
+    /// A table `t` of the test rows of `pk` (key `k`) over `vnodes` vnodes.
+    fn int_table(pk: &crate::key::PrimaryKey, vnodes: usize) -> TableDesc {
+        TableDesc::new(
+            "t",
+            int_rows_with_ids(pk, &[], 0).batch.schema(),
+            vec![crate::key::KeyColumn::asc("k")],
+        )
+        .unwrap()
+        .with_vnode_count(crate::vnode::VnodeCount::new(vnodes).unwrap())
+    }
+
     /// A barrier's changes are counted once however many patches hold ranges of them,
     /// until the last patch, and the last rows a patch gave a scan, are dropped; a merge
     /// counts its own copy.
@@ -493,13 +504,7 @@ mod tests {
     fn the_ledger_counts_each_buffer_once_while_held() {
         use std::sync::atomic::Ordering;
         let pk = int_key(false);
-        let desc = TableDesc::new(
-            "t",
-            int_rows_with_ids(&pk, &[], 0).batch.schema(),
-            vec![crate::key::KeyColumn::asc("k")],
-        )
-        .unwrap()
-        .with_vnode_count(crate::vnode::VnodeCount::new(1).unwrap());
+        let desc = int_table(&pk, 1);
         let ledger = PatchLedger::default();
         let held = || ledger.load(Ordering::Relaxed);
         let chunk = |keys: &[i64], id| StreamChunk::inserts(int_rows_with_ids(&pk, keys, id).batch);
@@ -539,13 +544,7 @@ mod tests {
     fn patches_of_the_wanted_vnodes_only() {
         use std::sync::atomic::Ordering;
         let pk = int_key(false);
-        let desc = TableDesc::new(
-            "t",
-            int_rows_with_ids(&pk, &[], 0).batch.schema(),
-            vec![crate::key::KeyColumn::asc("k")],
-        )
-        .unwrap()
-        .with_vnode_count(crate::vnode::VnodeCount::new(8).unwrap());
+        let desc = int_table(&pk, 8);
         let keys: Vec<i64> = (0..200).collect();
         let chunks = [
             StreamChunk::inserts(int_rows_with_ids(&pk, &keys[..120], 0).batch),

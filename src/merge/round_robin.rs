@@ -90,44 +90,42 @@ pub struct RoundRobin<S: SnapshotScan> {
 impl<S: SnapshotScan> RoundRobin<S> {
     /// Takes batches from `inputs` (one scan per vnode) in turn.
     pub fn new(inputs: Vec<(VirtualNode, S)>) -> Self {
-        let k = inputs.len();
-        Self {
-            ahead: inputs.iter().map(|_| None).collect(),
-            index: inputs
-                .iter()
-                .enumerate()
-                .map(|(i, (v, _))| (*v, i))
-                .collect(),
-            inputs: inputs
-                .into_iter()
-                .map(|(v, s)| MergeInput::new(v, s))
-                .collect(),
-            turns: (0..k).collect(),
-            queued: vec![true; k],
-            table: String::new(),
-            schema: None,
-            output_rows: 1,
-            deferred: (0..k).map(|_| None).collect(),
-            sequential: false,
-        }
+        let (inputs, deferred) = (inputs.into_iter())
+            .map(|(v, scan)| (MergeInput::new(v, scan), None))
+            .unzip();
+        Self::of(inputs, deferred, false)
     }
 
     /// Reads the vnodes of `plan` one after the other, in order, each from its position
     /// (`None`: its first row) and each opened only when an output reaches it, with the
     /// opener given to [`RestartInputs::next_output_opening`] (see the module docs).
     pub fn deferred(plan: Vec<(VirtualNode, Option<Position>)>) -> Self {
-        let k = plan.len();
+        let (inputs, deferred) = (plan.into_iter())
+            .map(|(v, after)| (MergeInput::unopened(v), Some(after)))
+            .unzip();
+        Self::of(inputs, deferred, true)
+    }
+
+    /// Every input in turn order, none read yet.
+    fn of(
+        inputs: Vec<MergeInput<S>>,
+        deferred: Vec<Option<Option<Position>>>,
+        sequential: bool,
+    ) -> Self {
+        let k = inputs.len();
         Self {
             ahead: (0..k).map(|_| None).collect(),
-            index: plan.iter().enumerate().map(|(i, (v, _))| (*v, i)).collect(),
-            inputs: plan.iter().map(|(v, _)| MergeInput::unopened(*v)).collect(),
+            index: (inputs.iter().enumerate())
+                .map(|(i, input)| (input.vnode(), i))
+                .collect(),
+            inputs,
             turns: (0..k).collect(),
             queued: vec![true; k],
             table: String::new(),
             schema: None,
             output_rows: 1,
-            deferred: plan.into_iter().map(|(_, after)| Some(after)).collect(),
-            sequential: true,
+            deferred,
+            sequential,
         }
     }
 
