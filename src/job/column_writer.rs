@@ -4,17 +4,20 @@
 //! longest single thread: on one core it kept the backfill waiting (lineitem scale 1, see
 //! `BENCHMARKS.md`). Parquet stores each column chunk on its own, so the columns of a row
 //! group can be encoded independently: [`ColumnParallelWriter`] keeps one
-//! [`ArrowColumnWriter`] per leaf and hands each group of batches to rayon column by column,
-//! every writer getting its leaves in batch order. A file is the one [`ArrowWriter`] would
-//! write from the same batches and properties, byte for byte (same pages, same row groups
-//! of at most `max_row_group_row_count` rows, the same embedded Arrow schema; a test holds
-//! it to that): only the work is spread.
+//! [`ArrowColumnWriter`] per leaf, each on a lane of its own ([`Lanes`]): a queue of the
+//! leaves it is to write, drained in order by a rayon task. A call to
+//! [`ColumnParallelWriter::write`] queues its batches and returns; the columns catch up
+//! independently (a slow column does not hold the others at every batch), and a row group
+//! is closed once all of them have. A file is the one [`ArrowWriter`] would write from the
+//! same batches and properties, byte for byte (same pages, same row groups of at most
+//! `max_row_group_row_count` rows, the same embedded Arrow schema; a test holds it to that):
+//! only the work is spread.
 //!
 //! ```text
-//!   batches ──compute_leaves──▶ leaf 0 ──▶ writer 0 ─┐   (rayon, one task a column)
-//!                               leaf 1 ──▶ writer 1 ─┼─▶ close ─▶ row group ─▶ footer
-//!                               ...                  │
-//!                               leaf n ──▶ writer n ─┘
+//!   batches ──compute_leaves──▶ leaf 0 ──▶ lane 0: writer 0 ─┐   (rayon, a task a lane
+//!                               leaf 1 ──▶ lane 1: writer 1 ─┼─▶ close ─▶ row group ─▶ footer
+//!                               ...                           │    while it has leaves)
+//!                               leaf n ──▶ lane n: writer n ─┘
 //! ```
 
 use std::io::Write;
@@ -30,6 +33,7 @@ use parquet::file::writer::SerializedFileWriter;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::job::lanes::{Lanes, MAX_QUEUED_ROWS};
 
 /// Writes one Parquet file into `W` (a `Vec<u8>`, a file), its columns encoded in parallel
 /// (on rayon's global pool): the file [`ArrowWriter`] writes from the same batches and
@@ -66,13 +70,15 @@ pub struct ColumnParallelWriter<W: Write + Send = Vec<u8>> {
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
     /// The column writers of the row group being written, one per leaf.
-    group: Option<Vec<ArrowColumnWriter>>,
+    group: Option<Lanes>,
     /// Rows in the row group being written.
     group_rows: usize,
     /// The most rows of a row group (the properties' `max_row_group_row_count`).
     max_group_rows: usize,
     /// Row groups written so far.
     groups: usize,
+    /// The most rows a column's lane holds before [`ColumnParallelWriter::write`] waits.
+    max_queued_rows: usize,
 }
 
 impl<W: Write + Send> std::fmt::Debug for ColumnParallelWriter<W> {
@@ -101,10 +107,21 @@ impl<W: Write + Send> ColumnParallelWriter<W> {
             group_rows: 0,
             max_group_rows,
             groups: 0,
+            max_queued_rows: MAX_QUEUED_ROWS,
         })
     }
 
-    /// Encodes `batches`, in order, splitting row groups where [`ArrowWriter`] would.
+    /// The same writer with at most `rows` rows (and at least a batch) queued on a column.
+    #[cfg(test)]
+    fn with_max_queued_rows(mut self, rows: usize) -> Self {
+        self.max_queued_rows = rows;
+        self
+    }
+
+    /// Encodes `batches`, in order, splitting row groups where [`ArrowWriter`] would. The
+    /// columns are encoded on rayon while this returns; it waits only when a column is far
+    /// behind (a bounded queue) or a row group is full. An encoding error comes back from a
+    /// later call, or from [`ColumnParallelWriter::finish`].
     pub fn write(&mut self, batches: &[RecordBatch]) -> Result<()> {
         let mut pending: Vec<RecordBatch> = Vec::with_capacity(batches.len());
         for batch in batches {
@@ -138,52 +155,39 @@ impl<W: Write + Send> ColumnParallelWriter<W> {
         Ok(self.file.into_inner()?)
     }
 
-    /// Feeds `batches` (all within the current row group) to the column writers, one rayon
-    /// task a column.
+    /// Queues `batches` (all within the current row group) on the column lanes, each
+    /// column written by a rayon task of its own ([`Lanes`]).
     fn encode(&mut self, batches: &[RecordBatch]) -> Result<()> {
-        let added = rows(batches);
-        if added == 0 {
+        if rows(batches) == 0 {
             return Ok(());
         }
-        // Per batch, its leaves in the writers' order.
-        let leaves = batches
-            .iter()
-            .map(|batch| {
-                let mut leaves: Vec<ArrowLeafColumn> = Vec::new();
-                for (field, column) in self.schema.fields().iter().zip(batch.columns()) {
-                    leaves.extend(compute_leaves(field, column)?);
-                }
-                Ok(leaves)
-            })
-            .collect::<Result<Vec<_>>>()?;
         let group = match &mut self.group {
             Some(group) => group,
-            None => self
-                .group
-                .insert(self.factory.create_column_writers(self.groups)?),
+            None => self.group.insert(Lanes::new(
+                self.factory.create_column_writers(self.groups)?,
+                self.max_queued_rows,
+            )),
         };
-        if leaves.iter().any(|l| l.len() != group.len()) {
-            return Err(Error::Internal(format!(
-                "a batch has leaves for {} Parquet columns, the file {}",
-                leaves.first().map_or(0, Vec::len),
-                group.len()
-            )));
+        for batch in batches {
+            // The batch's leaves in the writers' order.
+            let mut leaves: Vec<ArrowLeafColumn> = Vec::with_capacity(group.len());
+            for (field, column) in self.schema.fields().iter().zip(batch.columns()) {
+                leaves.extend(compute_leaves(field, column)?);
+            }
+            group.submit(leaves, batch.num_rows())?;
+            self.group_rows += batch.num_rows();
         }
-        group
-            .par_iter_mut()
-            .enumerate()
-            .try_for_each(|(i, writer)| leaves.iter().try_for_each(|l| writer.write(&l[i])))?;
-        self.group_rows += added;
         Ok(())
     }
 
-    /// Closes the row group being written (its column chunks encoded in parallel) and
-    /// appends it to the file.
+    /// Closes the row group being written once its lanes are drained (its column chunks
+    /// closed in parallel) and appends it to the file.
     fn flush_group(&mut self) -> Result<()> {
         let Some(group) = self.group.take() else {
             return Ok(());
         };
         let chunks = group
+            .finish()?
             .into_par_iter()
             .map(ArrowColumnWriter::close)
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -313,7 +317,18 @@ mod tests {
         props: WriterProperties,
         group_by: usize,
     ) -> Vec<u8> {
-        let mut writer = ColumnParallelWriter::try_new(Vec::new(), schema(), props).unwrap();
+        with_queues_of(batches, props, group_by, MAX_QUEUED_ROWS)
+    }
+
+    fn with_queues_of(
+        batches: &[RecordBatch],
+        props: WriterProperties,
+        group_by: usize,
+        max_queued_rows: usize,
+    ) -> Vec<u8> {
+        let mut writer = ColumnParallelWriter::try_new(Vec::new(), schema(), props)
+            .unwrap()
+            .with_max_queued_rows(max_queued_rows);
         for group in batches.chunks(group_by) {
             writer.write(group).unwrap();
         }
@@ -327,18 +342,31 @@ mod tests {
             // Row groups smaller than a batch, about one batch, several batches, unlimited.
             for max_group_rows in [97, 700, 5000, usize::MAX] {
                 let expected = with_arrow_writer(&batches, props(max_group_rows));
-                for group_by in [1, 3, 40] {
-                    let got = with_parallel_writer(&batches, props(max_group_rows), group_by);
+                // Columns a batch behind at most, a few, or as far as they go.
+                for (group_by, queued) in [(1, 1), (3, 1000), (40, MAX_QUEUED_ROWS)] {
+                    let got = with_queues_of(&batches, props(max_group_rows), group_by, queued);
                     assert!(
                         got == expected,
-                        "seed {seed}, row groups of {max_group_rows}, batches by {group_by}: \
-                         {} bytes against ArrowWriter's {}",
+                        "seed {seed}, row groups of {max_group_rows}, batches by {group_by}, \
+                         {queued} rows queued: {} bytes against ArrowWriter's {}",
                         got.len(),
                         expected.len()
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_writer_inside_a_pool_of_one_thread_does_not_wait_for_itself() {
+        let batches = batches(3, 30);
+        let expected = with_arrow_writer(&batches, props(700));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let got = pool.install(|| with_queues_of(&batches, props(700), 2, 1));
+        assert!(got == expected);
     }
 
     #[test]

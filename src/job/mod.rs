@@ -27,6 +27,7 @@ mod control;
 mod dispatcher;
 mod encoding;
 mod handle;
+mod lanes;
 mod progress;
 pub mod replay;
 mod runtime;

@@ -405,16 +405,15 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
                     for batch in &batches {
                         encodings.observe(batch, schema, &key_columns)?;
                     }
-                    let digested = || -> Result<()> {
-                        if let Some((desc, digest)) = &mut digest {
-                            for (_, chunk) in &group {
-                                digest.apply(desc, chunk)?;
-                            }
+                    // The writer queues the batches on its column lanes and returns: the
+                    // digest runs here while they encode.
+                    open.writer.write(&batches)?;
+                    if let Some((desc, digest)) = &mut digest {
+                        for (_, chunk) in &group {
+                            digest.apply(desc, chunk)?;
                         }
-                        Ok(())
-                    };
-                    let (written, digested) = rayon::join(|| open.writer.write(&batches), digested);
-                    written.and(digested)
+                    }
+                    Ok(())
                 })();
                 match encoded {
                     Ok(()) => rows += group_rows as u64,
