@@ -36,9 +36,10 @@ use crate::error::{Error, Result};
 use crate::job::lanes::{Lanes, MAX_QUEUED_ROWS};
 
 /// Writes one Parquet file into `W` (a `Vec<u8>`, a file), its columns encoded in parallel
-/// (on rayon's global pool): the file [`ArrowWriter`] writes from the same batches and
-/// properties. Each row group goes to `W` when it is closed, so memory holds one row group's
-/// encoded pages, not the file.
+/// (on rayon's pool: the global one, or the one it is called from), each column while the
+/// caller goes on: the file [`ArrowWriter`] writes from the same batches and properties.
+/// Each row group goes to `W` when it is closed, so memory holds one row group's encoded
+/// pages (and at most 64k rows of batches queued for a column), not the file.
 ///
 /// ```
 /// # use std::sync::Arc;

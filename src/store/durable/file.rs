@@ -71,7 +71,7 @@ const HEADER_CRC_KEY: &str = "arrangement_backfill.header_crc";
 /// Arrow IPC file magic and footer length: the last 10 bytes.
 const TRAILER_LEN: usize = 10;
 
-/// The target size of a block in memory: 128 KiB (about 900 lineitem rows). Against 64 KiB,
+/// The target size of a block in memory: 128 KiB (about a thousand lineitem rows). Against 64 KiB,
 /// a scale-1 vnode-order replay takes 6% less CPU (half the blocks to cut, index, check,
 /// decode, key-encode and cache; fewer, longer slices to gather), merged order the same time
 /// for 17 MB more peak memory (a merge holds a block per source per vnode); see

@@ -75,7 +75,7 @@ use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 
-/// A bulk load's piece is this fraction of the memory budget: one piece is filled while the
+/// A bulk load's piece is the memory budget divided by this: one piece is filled while the
 /// one before it is written, so the load holds about the budget. Half rather than a quarter
 /// (lineitem scale 1: 12 pieces instead of 25, each vnode's base a chain of half as many
 /// runs with half as many partial blocks): 3 to 10% less wall time in vnode and merged
