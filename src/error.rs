@@ -187,6 +187,16 @@ pub enum Error {
         /// The committed epoch at the stop.
         committed: Option<u64>,
     },
+    /// The completion certificate failed: per vnode, the output does not net to the table the
+    /// dataset ends with. The output is left as it is for inspection; the command-line tool
+    /// exits with status 3.
+    #[error("{}: certificate MISMATCH: {message}", .out.display())]
+    CertificateMismatch {
+        /// The output directory.
+        out: std::path::PathBuf,
+        /// Which vnodes differ, and by how much.
+        message: String,
+    },
     /// An earlier I/O failure left the store's on-disk state unknown: reopen it.
     #[error("the store failed and must be reopened: {0}")]
     StoreFailed(String),
@@ -260,11 +270,12 @@ impl Error {
         )
     }
 
-    /// The command-line exit status for this error: 2 for bad input, 128 + the signal for
-    /// an interruption, 1 otherwise.
+    /// The command-line exit status for this error: 2 for bad input, 3 for a completion
+    /// certificate mismatch, 128 + the signal for an interruption, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Interrupted { code, .. } => *code,
+            Error::CertificateMismatch { .. } => 3,
             e if e.is_bad_input() => 2,
             _ => 1,
         }

@@ -398,13 +398,18 @@ fn replay(args: ReplayArgs) -> Result<()> {
     display.finish();
     let summary = summary?;
     if summary.already_finished {
+        let finish = summary.finish_record.as_ref();
         say!(
-            "replay of {} already finished (checkpoint epoch {}): its output is complete in {}; \
-             use --fresh to run it again",
+            "replay of {} already finished (dataset epoch {}, checkpoint {}): its output is \
+             complete in {} (its committed files checked); use --fresh to run it again",
             dataset.name(),
+            finish.map_or(summary.last_epoch, |f| f.epoch),
             summary.resumed_from.unwrap_or(0),
             out.join("changes").display()
         );
+        if let Some(finish) = finish {
+            say!("  certificate       {}", finish.certificate);
+        }
     } else {
         print_summary(dataset.name(), &summary);
     }
@@ -428,31 +433,19 @@ fn check_certificate(dataset: &Dataset, out: &std::path::Path) -> Result<()> {
     if c.matches() {
         Ok(())
     } else {
-        Err(arrangement_backfill::Error::dataset(
-            out,
-            "the completion certificate",
-            format!(
-                "the output differs from the dataset in {} of {} vnodes (first: {:?})",
-                c.mismatches, c.vnodes, c.mismatched
-            ),
-        ))
+        Err(arrangement_backfill::Error::CertificateMismatch {
+            out: out.to_path_buf(),
+            message: c.describe(),
+        })
     }
 }
 
 /// The summary line of a completion certificate.
 fn certificate_line(c: &Certificate) -> String {
     if c.matches() {
-        format!(
-            "  certificate       {:>12}  rows in {} vnodes at epoch {}: downstream == upstream \
-             per vnode (count and checksum of {} columns)",
-            c.upstream_rows, c.vnodes, c.epoch, c.hashed_columns
-        )
+        format!("  certificate       {}", c.describe())
     } else {
-        format!(
-            "  certificate       MISMATCH in {} of {} vnodes at epoch {} (first: {:?}); \
-             downstream {} rows, upstream {}",
-            c.mismatches, c.vnodes, c.epoch, c.mismatched, c.downstream_rows, c.upstream_rows
-        )
+        format!("  certificate       MISMATCH: {}", c.describe())
     }
 }
 
@@ -516,6 +509,12 @@ fn print_summary(name: &str, s: &ReplaySummary) {
     );
     if let Some(c) = &s.certificate {
         say!("{}", certificate_line(c));
+    }
+    if let Some(checkpoint) = s.final_checkpoint {
+        say!(
+            "  output complete   up to dataset epoch {} (the replay's internal barrier epoch {checkpoint})",
+            s.last_epoch
+        );
     }
     say!("  throughput        {:>12.0}  rows/s", rows as f64 / secs);
 }

@@ -327,6 +327,35 @@ impl Certificate {
     pub fn matches(&self) -> bool {
         self.mismatches == 0
     }
+
+    /// One line: what matched, or which vnodes differ. `epoch` is the dataset's epoch the
+    /// output is complete up to.
+    pub fn describe(&self) -> String {
+        if self.matches() {
+            format!(
+                "{} rows in {} vnodes at dataset epoch {}: downstream == upstream per vnode \
+                 (count and checksum of {} columns)",
+                self.upstream_rows, self.vnodes, self.epoch, self.hashed_columns
+            )
+        } else {
+            let shown: Vec<String> = self.mismatched.iter().map(|v| v.to_string()).collect();
+            format!(
+                "{} of {} vnodes differ at dataset epoch {} (vnodes {}{}); downstream {} rows, \
+                 upstream {}",
+                self.mismatches,
+                self.vnodes,
+                self.epoch,
+                shown.join(", "),
+                if self.mismatches > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                },
+                self.downstream_rows,
+                self.upstream_rows
+            )
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ mod dispatcher;
 mod encoding;
 mod handle;
 mod lanes;
+pub mod output;
 mod progress;
 pub mod replay;
 mod runtime;

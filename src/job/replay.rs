@@ -40,6 +40,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,9 @@ use crate::backfill::{BackfillConfig, SnapshotOrder};
 use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Error, Result, internal};
 use crate::job::barrier::{BarrierInjector, InFlight};
+use crate::job::output::{
+    self, FileRecord, FinishRecord, JobRecord, META_FILE_PREFIX, META_JOB_ID, Place,
+};
 use crate::job::sink::{ParquetSink, Prepared, Preparing};
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
@@ -99,6 +103,8 @@ pub const STATE_DIR: &str = "state";
 const META_JOB: &str = "replay.job";
 const META_APPLIED: &str = "replay.changes_applied";
 const META_FINISHED: &str = "replay.finished";
+/// The output directory a state's job writes (resolved when the job began), for messages.
+const META_OUT: &str = "replay.out";
 
 /// Where a replay keeps its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +255,14 @@ pub struct ReplaySummary {
     /// Per vnode, the committed output against the upstream table at the final checkpoint
     /// (count and checksum); `None` when the run did not reach it.
     pub certificate: Option<Certificate>,
+    /// The dataset's last epoch (0 without changes): the epoch the finished output is
+    /// complete up to, in the dataset's numbering (the certificate's epoch).
+    pub last_epoch: u64,
+    /// The internal barrier epoch of the final checkpoint, when this run reached it.
+    pub final_checkpoint: Option<u64>,
+    /// For a job that had finished before this run: what its output's job record says of
+    /// its end (the dataset epoch and the certificate).
+    pub finish_record: Option<FinishRecord>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -322,7 +336,11 @@ pub async fn run_replay_until(
             )));
         }
     }
-    check_out_dir(dataset, &options.out)?;
+    let state_dir = match &options.state {
+        StateChoice::Memory => None,
+        StateChoice::Durable(dir) => Some(dir.as_path()),
+    };
+    output::check_places(dataset.dir(), &options.out, state_dir)?;
     // New directories have nothing to lose: validate beside the load (see `validation.rs`).
     let new_dirs = match &options.state {
         StateChoice::Memory => NewDirs::of(&[&options.out]),
@@ -378,48 +396,6 @@ async fn run_validated(
     }
 }
 
-/// Refuses an output directory that is, contains or lies inside the dataset directory: the
-/// output would mix with (or its cleanup delete) the input.
-fn check_out_dir(dataset: &Dataset, out: &Path) -> Result<()> {
-    let absolute = |p: &Path| -> PathBuf {
-        let p = if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            std::env::current_dir().map_or_else(|_| p.to_path_buf(), |d| d.join(p))
-        };
-        // Resolve what exists (symlinks included); keep the rest as written, normalised.
-        let mut existing = p.as_path();
-        let mut rest = Vec::new();
-        while !existing.exists() {
-            match (existing.parent(), existing.file_name()) {
-                (Some(parent), Some(name)) => {
-                    rest.push(name.to_os_string());
-                    existing = parent;
-                }
-                _ => break,
-            }
-        }
-        let mut resolved = existing
-            .canonicalize()
-            .unwrap_or_else(|_| existing.to_path_buf());
-        for name in rest.into_iter().rev() {
-            resolved.push(name);
-        }
-        resolved
-    };
-    let data = absolute(dataset.dir());
-    let out_abs = absolute(out);
-    if out_abs.starts_with(&data) || data.starts_with(&out_abs) {
-        return Err(Error::InvalidConfig(format!(
-            "the output directory {} overlaps the dataset directory {}: the replay would write \
-             into (or clean up) its input; choose an --out outside the dataset",
-            out.display(),
-            dataset.dir().display()
-        )));
-    }
-    Ok(())
-}
-
 /// The identity of a replay job, recorded in the state so that a state directory is never
 /// used for another job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -429,26 +405,81 @@ struct JobIdentity {
     primary_key: Vec<String>,
     distribution_key: Vec<String>,
     vnodes: usize,
-    snapshot_files: Vec<(String, u64)>,
-    change_files: Vec<(String, u64)>,
+    snapshot_files: Vec<InputFile>,
+    change_files: Vec<InputFile>,
+}
+
+/// What identifies an input file's content, cheaply: its name, size and modification time,
+/// and a checksum of its Parquet footer (the schema, the row groups' offsets, sizes, row
+/// counts and statistics). A file rewritten in place, even to the same size, changes its
+/// modification time; one whose time was set back still has to keep every footer byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct InputFile {
+    name: String,
+    size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    modified_ns: i128,
+    /// CRC-32 of the footer (its metadata and the 8 bytes after it).
+    footer_crc: u32,
+}
+
+impl InputFile {
+    fn of(path: &Path) -> Result<Self> {
+        use std::io::{Read, Seek, SeekFrom};
+        use std::os::unix::fs::MetadataExt;
+        let mut file = std::fs::File::open(path).map_err(|e| crate::store::io::named(path, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| crate::store::io::named(path, e))?;
+        let size = meta.len();
+        let bad = |what: &str| Error::dataset(path, "", format!("not a Parquet file: {what}"));
+        if size < 12 {
+            return Err(bad("shorter than a footer"));
+        }
+        let mut tail = [0u8; 8];
+        file.seek(SeekFrom::End(-8))
+            .and_then(|_| file.read_exact(&mut tail))
+            .map_err(|e| crate::store::io::named(path, e))?;
+        let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+        if &tail[4..] != b"PAR1" || footer_len + 8 > size {
+            return Err(bad("no footer"));
+        }
+        let mut footer = vec![0u8; footer_len as usize + 8];
+        file.seek(SeekFrom::End(-(footer.len() as i64)))
+            .and_then(|_| file.read_exact(&mut footer))
+            .map_err(|e| crate::store::io::named(path, e))?;
+        Ok(Self {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size,
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            footer_crc: crc32fast::hash(&footer),
+        })
+    }
+
+    /// How `self` (the state's) and `now` differ, for a message.
+    fn difference(&self, now: &Self) -> Option<String> {
+        let what = if self.name != now.name {
+            format!("{} became {}", self.name, now.name)
+        } else if self.size != now.size {
+            format!("{}: {} bytes, now {}", self.name, self.size, now.size)
+        } else if self.footer_crc != now.footer_crc {
+            format!("{}: its Parquet footer changed", self.name)
+        } else if self.modified_ns != now.modified_ns {
+            format!("{}: modified since (same size and footer)", self.name)
+        } else {
+            return None;
+        };
+        Some(what)
+    }
 }
 
 impl JobIdentity {
     fn of(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
-        let files = |paths: &[PathBuf]| -> Result<Vec<(String, u64)>> {
-            paths
-                .iter()
-                .map(|p| {
-                    let len = std::fs::metadata(p)
-                        .map_err(|e| crate::store::io::named(p, e))?
-                        .len();
-                    let name = p
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    Ok((name, len))
-                })
-                .collect()
+        let files = |paths: &[PathBuf]| -> Result<Vec<InputFile>> {
+            paths.iter().map(|p| InputFile::of(p)).collect()
         };
         let m = dataset.manifest();
         Ok(Self {
@@ -495,16 +526,29 @@ impl JobIdentity {
             self.vnodes.to_string(),
             other.vnodes.to_string(),
         );
-        check(
-            "snapshot files",
-            format!("{:?}", self.snapshot_files),
-            format!("{:?}", other.snapshot_files),
-        );
-        check(
-            "change files",
-            format!("{:?}", self.change_files),
-            format!("{:?}", other.change_files),
-        );
+        for (what, mine, theirs) in [
+            (
+                "snapshot files",
+                &self.snapshot_files,
+                &other.snapshot_files,
+            ),
+            ("change files", &self.change_files, &other.change_files),
+        ] {
+            if mine.len() != theirs.len() {
+                out.push(format!(
+                    "{what}: the state has {}, this run {}",
+                    mine.len(),
+                    theirs.len()
+                ));
+                continue;
+            }
+            let changed: Vec<String> = (mine.iter().zip(theirs))
+                .filter_map(|(a, b)| a.difference(b))
+                .collect();
+            if !changed.is_empty() {
+                out.push(format!("{what} changed: {}", changed.join(", ")));
+            }
+        }
         out
     }
 }
@@ -521,6 +565,11 @@ struct Job<'a, S: StateStore> {
     /// The digest of the table the dataset ends with, from its validation: the completion
     /// certificate's upstream side.
     expected: Option<TableDigest>,
+    /// The dataset's last epoch (0 without changes), known once its validation is done: the
+    /// epoch every report of the finished output names.
+    last_epoch: u64,
+    /// The job's id, in its state and in its output's job record.
+    job_id: String,
 }
 
 impl<'a, S: StateStore> Job<'a, S> {
@@ -539,6 +588,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             snapshot_rows: 0,
             identity,
             expected: None,
+            last_epoch: 0,
+            job_id: String::new(),
         })
     }
 
@@ -546,18 +597,31 @@ impl<'a, S: StateStore> Job<'a, S> {
     /// committed).
     /// Loads the snapshot: from `feed` (the batches a validation beside the load decodes)
     /// or read here.
-    fn load(&self, all: &VnodeBitmap, feed: Option<SnapshotFeed>) -> Result<()> {
-        self.store.create_table(self.desc.clone())?;
-        let mut upstream = self.store.table(self.desc.name(), all.clone())?;
+    /// Stops between batches once `stop` is set (with [`Error::Internal`]; the caller
+    /// reports the interruption). Runs on a blocking thread of its own, so the job can
+    /// watch for signals meanwhile.
+    fn load(
+        store: S,
+        desc: TableDesc,
+        dataset: Dataset,
+        feed: Option<SnapshotFeed>,
+        stop: Arc<AtomicBool>,
+    ) -> Result<()> {
+        store.create_table(desc.clone())?;
+        let all = VnodeBitmap::full(desc.vnode_count());
+        let mut upstream = store.table(desc.name(), all)?;
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
         let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
             Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
             None => {
-                let batches = self.dataset.read_snapshot(LOAD_BATCH_ROWS)?;
+                let batches = dataset.read_snapshot(LOAD_BATCH_ROWS)?;
                 Box::new(Prefetch::new("backfill-load", READ_AHEAD, batches)?)
             }
         };
         for batch in batches {
+            if stop.load(Ordering::Relaxed) {
+                return Err(internal!("the snapshot load was stopped"));
+            }
             upstream.write(&StreamChunk::inserts(batch?))?;
         }
         upstream.seal(SNAPSHOT_EPOCH)
@@ -605,6 +669,166 @@ impl<'a, S: StateStore> Job<'a, S> {
         Ok(Some((epoch, applied, finished)))
     }
 
+    /// The state's job id, which must be the one `out_record` (the output's) names: a state
+    /// resumes only into its own output.
+    fn check_tie(&mut self, out_record: Option<&JobRecord>) -> Result<()> {
+        let conflict = |message: String| Error::StateConflict {
+            path: self.state_dir(),
+            message,
+        };
+        let Some(id) = self.store.meta(META_JOB_ID)? else {
+            return Err(conflict(
+                "was written by an older version of backfill, which did not tie a state to its \
+                 output; use --fresh to start over"
+                    .into(),
+            ));
+        };
+        let written_to = self
+            .store
+            .meta(META_OUT)?
+            .unwrap_or_else(|| "another directory".into());
+        let out = self.options.out.display();
+        match out_record {
+            Some(r) if r.job == id => {
+                self.job_id = id;
+                Ok(())
+            }
+            Some(r) => Err(conflict(format!(
+                "belongs to job {id}, whose output was written to {written_to}, but {out} now \
+                 holds the output of {} (an output is replaced only together with its state); \
+                 use --fresh to discard both and start over, or give this output its own --state",
+                r.state_shown()
+            ))),
+            None => Err(conflict(format!(
+                "belongs to job {id}, whose output was written to {written_to}, and {out} holds \
+                 no output of it: resuming would write only the rest of that job's output here; \
+                 use another --state for this output, or --fresh to discard that state"
+            ))),
+        }
+    }
+
+    /// The output files the state recorded at their checkpoints' commits, by epoch.
+    fn recorded_files(&self) -> Result<BTreeMap<u64, FileRecord>> {
+        let mut files = BTreeMap::new();
+        for (key, value) in self.store.meta_with_prefix(META_FILE_PREFIX)? {
+            let record = key
+                .strip_prefix(META_FILE_PREFIX)
+                .and_then(|e| e.parse::<u64>().ok())
+                .zip(FileRecord::decode(&value));
+            let Some((epoch, record)) = record else {
+                return Err(Error::CorruptState {
+                    context: self.state_dir().display().to_string(),
+                    message: format!("unreadable output file record `{key}` = `{value}`"),
+                });
+            };
+            files.insert(epoch, record);
+        }
+        Ok(files)
+    }
+
+    /// A new job takes the output directory: refused when it holds the output files of
+    /// another job that could still be resumed or is complete (unless `--fresh`); then the
+    /// output's job record names this job (before any output file is written).
+    fn claim_output(&mut self, existing: Option<&JobRecord>) -> Result<()> {
+        let io = self.options.io.as_ref();
+        let out = &self.options.out;
+        let names = output::output_names(io, out)?;
+        if !self.options.fresh && !names.is_empty() {
+            let message = match existing {
+                // An in-memory job's output can never be resumed: the next run redoes it.
+                Some(r) if r.state.is_none() => None,
+                Some(r) => Some(format!(
+                    "holds the output of {}, which this run would delete: run that job again \
+                     with its state to resume it, use --fresh to discard it, or choose another \
+                     --out",
+                    r.state_shown()
+                )),
+                None => Some(
+                    "holds output files (changes/epoch-*.parquet) of no job this version of \
+                     backfill knows, which this run would delete: use --fresh to discard them, \
+                     or choose another --out"
+                        .to_string(),
+                ),
+            };
+            if let Some(message) = message {
+                return Err(Error::StateConflict {
+                    path: out.clone(),
+                    message,
+                });
+            }
+        }
+        let record = JobRecord {
+            job: output::new_job_id(),
+            state: match &self.options.state {
+                StateChoice::Durable(dir) => Some(Place::of(dir)?.path),
+                StateChoice::Memory => None,
+            },
+            finished: None,
+        };
+        record.write(io, out)?;
+        self.job_id = record.job;
+        Ok(())
+    }
+
+    /// The end of a job that finished before this run, from its output's job record (its
+    /// committed files already checked): a recorded certificate mismatch is an error again;
+    /// a record that lacks the end (a stop right after the final commit) gets it now, the
+    /// certificate computed from the files.
+    fn finished_record(&self, out_record: Option<JobRecord>) -> Result<FinishRecord> {
+        let mut record =
+            out_record.ok_or_else(|| internal!("a finished job without its record"))?;
+        let finish = match record.finished.clone() {
+            Some(finish) => finish,
+            None => {
+                let c = crate::job::certify_output(self.dataset, &self.options.out)?;
+                let finish = FinishRecord {
+                    epoch: c.epoch,
+                    certificate_matches: c.matches(),
+                    certificate: c.describe(),
+                };
+                record.finished = Some(finish.clone());
+                record.write(self.options.io.as_ref(), &self.options.out)?;
+                finish
+            }
+        };
+        if !finish.certificate_matches {
+            return Err(Error::CertificateMismatch {
+                out: self.options.out.clone(),
+                message: finish.certificate,
+            });
+        }
+        Ok(finish)
+    }
+
+    /// Waits for `task` (a blocking part of the job that stops once `stop` is set), or, on
+    /// a signal first, sets `stop`, waits for the task to let go of the store, and returns
+    /// the interruption.
+    async fn until_interrupted<T: Send + 'static>(
+        &self,
+        interrupted: &mut std::pin::Pin<&mut impl Future<Output = Interrupt>>,
+        stop: &AtomicBool,
+        mut task: tokio::task::JoinHandle<T>,
+    ) -> Result<T> {
+        tokio::select! {
+            biased;
+            signal = interrupted.as_mut() => {
+                stop.store(true, Ordering::Relaxed);
+                let _ = (&mut task).await;
+                Err(self.interruption(signal))
+            }
+            done = &mut task => done.map_err(|e| internal!("a blocking part of the job failed: {e}")),
+        }
+    }
+
+    /// The error of a stop by `signal`, naming the committed epoch.
+    fn interruption(&self, signal: Interrupt) -> Error {
+        Error::Interrupted {
+            signal: signal.name(),
+            code: signal.exit_code(),
+            committed: self.store.committed_epoch().ok().flatten(),
+        }
+    }
+
     async fn run(
         mut self,
         validation: &mut Validation,
@@ -612,29 +836,34 @@ impl<'a, S: StateStore> Job<'a, S> {
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<ReplaySummary> {
         let started = Instant::now();
+        let mut interrupted = std::pin::pin!(interrupted);
+        let io = self.options.io.clone();
         let record = self.committed_record()?;
-        if record.is_some() {
-            // A job resumes only on a dataset validated first (the directories existed).
-            self.snapshot_rows = validation.finish()?.snapshot_rows;
-            self.expected = validation.expected_digest().cloned();
+        let out_record = JobRecord::read(io.as_ref(), &self.options.out)?;
+        match record {
+            Some((epoch, _, _)) => {
+                // A job resumes only on a dataset validated first (the directories existed).
+                let dataset = validation.finish()?;
+                self.snapshot_rows = dataset.snapshot_rows;
+                self.last_epoch = dataset.last_epoch.unwrap_or(0);
+                self.expected = validation.expected_digest().cloned();
+                self.check_tie(out_record.as_ref())?;
+                let recorded = self.recorded_files()?;
+                output::check_committed_files(
+                    io.as_ref(),
+                    &self.options.out,
+                    &self.state_dir(),
+                    epoch,
+                    &recorded,
+                )?;
+            }
+            None => self.claim_output(out_record.as_ref())?,
         }
         let store = &self.store;
         let name = self.desc.name().to_string();
         let key: Vec<&str> = (self.desc.pk().columns().iter())
             .map(|c| c.name.as_str())
             .collect();
-        let mut sink = ParquetSink::open(
-            self.options.io.clone(),
-            &self.options.out,
-            self.desc.schema(),
-            record.map(|(epoch, _, _)| epoch),
-        )?
-        .with_key_statistics(&key)?;
-        if record.is_none() {
-            // A new job's sink writes the whole output: it digests it as it goes, so the
-            // certificate need not read the output back.
-            sink = sink.with_digest(Arc::new(self.desc.clone()))?;
-        }
         let mut summary = ReplaySummary {
             snapshot_rows: self.snapshot_rows,
             upstream_changes: 0,
@@ -648,6 +877,9 @@ impl<'a, S: StateStore> Job<'a, S> {
             resumed_from: record.map(|(epoch, _, _)| epoch),
             changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
             already_finished: record.is_some_and(|(_, _, finished)| finished),
+            last_epoch: self.last_epoch,
+            finish_record: None,
+            final_checkpoint: None,
             actors: Vec::new(),
             rescales: 0,
             rescale_pause_max: Duration::ZERO,
@@ -655,8 +887,21 @@ impl<'a, S: StateStore> Job<'a, S> {
             certificate: None,
         };
         if summary.already_finished {
+            summary.finish_record = Some(self.finished_record(out_record)?);
             summary.elapsed = started.elapsed();
             return Ok(summary);
+        }
+        let mut sink = ParquetSink::open(
+            self.options.io.clone(),
+            &self.options.out,
+            self.desc.schema(),
+            record.map(|(epoch, _, _)| epoch),
+        )?
+        .with_key_statistics(&key)?;
+        if record.is_none() {
+            // A new job's sink writes the whole output: it digests it as it goes, so the
+            // certificate need not read the output back.
+            sink = sink.with_digest(Arc::new(self.desc.clone()))?;
         }
         let all = VnodeBitmap::full(self.desc.vnode_count());
         let (committed, applied) = match record {
@@ -664,23 +909,54 @@ impl<'a, S: StateStore> Job<'a, S> {
             None => {
                 // The upstream table, bulk loaded and committed at the snapshot epoch.
                 let load_started = Instant::now();
-                let loaded = self.load(&all, validation.take_snapshot_feed());
+                let stop = Arc::new(AtomicBool::new(false));
+                let loading = tokio::task::spawn_blocking({
+                    let (store, desc, dataset) =
+                        (store.clone(), self.desc.clone(), self.dataset.clone());
+                    let feed = validation.take_snapshot_feed();
+                    let stop = stop.clone();
+                    move || Self::load(store, desc, dataset, feed, stop)
+                });
+                let loaded = self
+                    .until_interrupted(&mut interrupted, &stop, loading)
+                    .await?;
                 // Nothing of a bad dataset is committed: the load's commit waits for the
                 // validation, whose error (naming file and row) wins over the load's.
+                while validation.is_running() {
+                    tokio::select! {
+                        biased;
+                        signal = &mut interrupted => return Err(self.interruption(signal)),
+                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    }
+                }
                 let dataset = validation.finish()?;
                 self.expected = validation.expected_digest().cloned();
                 loaded?;
                 self.snapshot_rows = dataset.snapshot_rows;
+                self.last_epoch = dataset.last_epoch.unwrap_or(0);
                 summary.snapshot_rows = dataset.snapshot_rows;
+                summary.last_epoch = self.last_epoch;
                 let identity = serde_json::to_string(&self.identity)
                     .map_err(|e| internal!("job record: {e}"))?;
                 store.stage_meta(META_JOB, &identity)?;
+                store.stage_meta(META_JOB_ID, &self.job_id)?;
+                store.stage_meta(
+                    META_OUT,
+                    &Place::of(&self.options.out)?.path.display().to_string(),
+                )?;
                 store.stage_meta(META_APPLIED, "0")?;
                 store.commit(SNAPSHOT_EPOCH)?;
                 // Merge the load's sorted pieces into one run per vnode before the backfill
                 // starts: its scans then read one source per vnode, not one per piece. (The
-                // pieces of a snapshot in key order are each vnode's base already.)
-                store.compact()?;
+                // pieces of a snapshot in key order are each vnode's base already.) An
+                // interruption abandons it: the committed load stays.
+                let stop = Arc::new(AtomicBool::new(false));
+                let compacting = tokio::task::spawn_blocking({
+                    let (store, stop) = (store.clone(), stop.clone());
+                    move || store.compact_until(&stop)
+                });
+                self.until_interrupted(&mut interrupted, &stop, compacting)
+                    .await??;
                 summary.load_time = load_started.elapsed();
                 (SNAPSHOT_EPOCH, 0)
             }
@@ -774,7 +1050,7 @@ impl<'a, S: StateStore> Job<'a, S> {
     /// the dataset ends with (digested by its validation, see `validation.rs`). The output's
     /// digest comes from the sink when it digested the whole output (a new job), and from
     /// reading the files back otherwise (a resumed one).
-    fn certify(&self, epoch: u64, sink: &ParquetSink) -> Result<Certificate> {
+    fn certify(&self, sink: &ParquetSink) -> Result<Certificate> {
         let upstream = self
             .expected
             .as_ref()
@@ -785,10 +1061,37 @@ impl<'a, S: StateStore> Job<'a, S> {
         };
         Ok(Certificate::compare(
             &self.desc,
-            epoch,
+            self.last_epoch,
             &downstream,
             upstream,
         ))
+    }
+
+    /// Records the end of the job in its output's job record (the dataset epoch and the
+    /// certificate); a mismatch is then the job's error: the output stays as it is.
+    fn record_finish(&self, certificate: &Certificate) -> Result<()> {
+        let finish = FinishRecord {
+            epoch: certificate.epoch,
+            certificate_matches: certificate.matches(),
+            certificate: certificate.describe(),
+        };
+        let record = JobRecord {
+            job: self.job_id.clone(),
+            state: match &self.options.state {
+                StateChoice::Durable(dir) => Some(Place::of(dir)?.path),
+                StateChoice::Memory => None,
+            },
+            finished: Some(finish.clone()),
+        };
+        record.write(self.options.io.as_ref(), &self.options.out)?;
+        if finish.certificate_matches {
+            Ok(())
+        } else {
+            Err(Error::CertificateMismatch {
+                out: self.options.out.clone(),
+                message: finish.certificate,
+            })
+        }
     }
 
     /// Runs the backfill over the source's messages and commits its checkpoints, until the
@@ -952,7 +1255,10 @@ impl<'a, S: StateStore> Job<'a, S> {
         }
         parts.summary.checkpoints += 1;
         if commit.stop {
-            parts.summary.certificate = Some(self.certify(commit.epoch, parts.sink)?);
+            let certificate = self.certify(parts.sink)?;
+            parts.summary.certificate = Some(certificate.clone());
+            parts.summary.final_checkpoint = Some(commit.epoch);
+            self.record_finish(&certificate)?;
         }
         parts
             .collected
@@ -1007,6 +1313,10 @@ fn commit_checkpoint<S: StateStore>(
     preparing: Option<Preparing>,
 ) -> Result<Option<Prepared>> {
     let prepared = preparing.map(Preparing::wait).transpose()?;
+    if let Some(prepared) = &prepared {
+        // A resume checks the committed files against this record (`output.rs`).
+        store.stage_meta(&FileRecord::key(epoch), &prepared.record().encode())?;
+    }
     store.stage_meta(META_APPLIED, &rows.to_string())?;
     if stop {
         store.stage_meta(META_FINISHED, "true")?;

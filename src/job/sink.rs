@@ -109,6 +109,7 @@ impl Preparing {
             rows,
             digest,
         } = finished;
+        let (size, crc) = (file.written, file.crc.clone().finalize());
         let synced = (|| -> Result<()> {
             file.sync()?;
             drop(file);
@@ -131,6 +132,8 @@ impl Preparing {
             tmp: self.tmp,
             path: self.path,
             rows,
+            size,
+            crc,
             digest,
         })
     }
@@ -145,11 +148,24 @@ pub struct Prepared {
     tmp: PathBuf,
     path: PathBuf,
     rows: u64,
+    /// The file's size in bytes.
+    size: u64,
+    /// CRC-32 of the file's bytes, computed as they were written.
+    crc: u32,
     /// The file's digest, when the sink digests what it writes.
     digest: Option<TableDigest>,
 }
 
 impl Prepared {
+    /// What the store records of the file at its commit: rows, size, checksum.
+    pub fn record(&self) -> crate::job::output::FileRecord {
+        crate::job::output::FileRecord {
+            rows: self.rows,
+            size: self.size,
+            crc: self.crc,
+        }
+    }
+
     /// Makes the file visible (a rename and a sync of the directory): phase two, after the
     /// store committed. [`ParquetSink::published`] counts it in.
     pub fn reveal(&self) -> Result<()> {
@@ -251,7 +267,7 @@ enum Job {
 
 /// A file the encoder finished (footer written, not yet fsynced).
 struct Finished {
-    file: Box<dyn WriteFile>,
+    file: Checksummed,
     /// Its name: the `.tmp` of its first chunk's epoch.
     written: PathBuf,
     rows: u64,
@@ -461,7 +477,7 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
 
 /// The file the encoder is writing.
 struct OpenFile {
-    writer: ColumnParallelWriter<Box<dyn WriteFile>>,
+    writer: ColumnParallelWriter<Checksummed>,
     /// The epoch of its first chunk.
     epoch: u64,
     /// The `.tmp` of that epoch.
@@ -477,7 +493,7 @@ impl OpenFile {
         props: WriterProperties,
     ) -> Result<Self> {
         let path = target.dir.join(tmp_name(epoch));
-        let file = target.io.create(&path)?;
+        let file = Checksummed::new(target.io.create(&path)?);
         match ColumnParallelWriter::try_new(file, Arc::clone(schema), props) {
             Ok(writer) => Ok(Self {
                 writer,
@@ -492,7 +508,7 @@ impl OpenFile {
     }
 
     /// Writes the footer; the file and its name. On error the file is removed.
-    fn finish(self, target: &Target) -> Result<(Box<dyn WriteFile>, PathBuf)> {
+    fn finish(self, target: &Target) -> Result<(Checksummed, PathBuf)> {
         match self.writer.finish() {
             Ok(file) => Ok((file, self.path)),
             Err(e) => {
@@ -506,6 +522,43 @@ impl OpenFile {
     fn discard(self, target: &Target) {
         drop(self.writer);
         let _ = target.io.remove(&self.path);
+    }
+}
+
+/// A file being written that counts and checksums its bytes as they go: the record of a
+/// committed file (size, CRC-32) costs no second read.
+struct Checksummed {
+    file: Box<dyn WriteFile>,
+    written: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl Checksummed {
+    fn new(file: Box<dyn WriteFile>) -> Self {
+        Self {
+            file,
+            written: 0,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+}
+
+impl std::io::Write for Checksummed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl WriteFile for Checksummed {
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.file.sync()
     }
 }
 

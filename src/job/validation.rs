@@ -149,6 +149,11 @@ impl Validation {
         }
     }
 
+    /// Whether the validation is still running on its thread.
+    pub fn is_running(&self) -> bool {
+        matches!(&self.state, State::Running(thread) if !thread.is_finished())
+    }
+
     /// Whether the validation found the dataset bad.
     pub fn failed(&self) -> bool {
         self.failed

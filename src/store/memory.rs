@@ -208,6 +208,16 @@ impl StateStore for MemoryStore {
             .insert(key.to_string(), value.to_string());
         Ok(())
     }
+
+    fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        Ok(self
+            .read()?
+            .meta
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
 }
 
 /// A handle on some vnodes of a table in a [`MemoryStore`].

@@ -228,11 +228,21 @@ pub trait StateStore: Clone + Send + Sync + 'static {
     /// commit, atomically with its data: the sink's commit record.
     fn stage_meta(&self, key: &str, value: &str) -> Result<()>;
 
+    /// The committed job values whose keys start with `prefix`, in key order.
+    fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>>;
+
     /// Folds committed changes into the committed base now, on this thread, where the store
     /// keeps them apart (a bulk load's sorted pieces, delta runs). Reads are the same before
     /// and after; they get cheaper. The in-memory store has nothing to do.
     fn compact(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// [`StateStore::compact`], abandoned (nothing installed, no file left) once `stop` is
+    /// set: an interrupted job does not wait for a compaction of the whole table.
+    fn compact_until(&self, stop: &std::sync::atomic::AtomicBool) -> Result<()> {
+        let _ = stop;
+        self.compact()
     }
 }
 

@@ -1159,6 +1159,10 @@ impl StateStore for DurableStore {
         )
     }
 
+    fn compact_until(&self, stop: &std::sync::atomic::AtomicBool) -> Result<()> {
+        compaction::compact_all(&self.shared, compaction::Policy::EVERYTHING, stop)
+    }
+
     fn meta(&self, key: &str) -> Result<Option<String>> {
         Ok(self.read()?.meta.get(key).cloned())
     }
@@ -1168,6 +1172,16 @@ impl StateStore for DurableStore {
             .staged_meta
             .insert(key.to_string(), value.to_string());
         Ok(())
+    }
+
+    fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        Ok(self
+            .read()?
+            .meta
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
     }
 }
 
