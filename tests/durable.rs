@@ -159,6 +159,17 @@ fn run_files(state: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The manifest log of a state directory (one after a commit).
+fn log_file(state: &Path) -> PathBuf {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
+        .collect();
+    assert_eq!(logs.len(), 1, "one log: {logs:?}");
+    logs.pop().unwrap()
+}
+
 #[test]
 fn an_interrupted_replay_resumes_and_verifies() {
     let tmp = tempfile::tempdir().unwrap();
@@ -183,7 +194,7 @@ fn bad_state_directories_are_refused_and_left_as_they_are() {
     let tmp = tempfile::tempdir().unwrap();
     let data = dataset(tmp.path(), "ds", 0.01, 5);
     type Damage = fn(&Path) -> PathBuf;
-    let cases: [(&str, Damage, &str); 4] = [
+    let cases: [(&str, Damage, &str); 6] = [
         (
             "truncated run file",
             |state| {
@@ -223,6 +234,26 @@ fn bad_state_directories_are_refused_and_left_as_they_are() {
                 f
             },
             "missing",
+        ),
+        (
+            // Issue 41 item 12: reported as a missing run file, not as the log.
+            "deleted manifest log",
+            |state| {
+                let f = log_file(state);
+                std::fs::remove_file(&f).unwrap();
+                f
+            },
+            "missing",
+        ),
+        (
+            "manifest log cut inside its header",
+            |state| {
+                let f = log_file(state);
+                let bytes = std::fs::read(&f).unwrap();
+                std::fs::write(&f, &bytes[..10]).unwrap();
+                f
+            },
+            "truncated",
         ),
     ];
     let rt = runtime();

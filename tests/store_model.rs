@@ -753,14 +753,14 @@ fn log_file(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Where each record of a log starts (the format of `store::durable::log`: a 20-byte header,
-/// then records framed by a u32 length and a u32 checksum).
+/// then records framed by 28 bytes starting with the body's u32 length).
 fn record_offsets(log: &[u8]) -> Vec<usize> {
     let mut at = 20;
     let mut out = Vec::new();
-    while at + 8 <= log.len() {
+    while at + 28 <= log.len() {
         out.push(at);
         let len = u32::from_le_bytes(log[at..at + 4].try_into().unwrap()) as usize;
-        at += 8 + len;
+        at += 28 + len;
     }
     out
 }

@@ -14,19 +14,22 @@
 //! A table's runs are listed per vnode oldest first: the base (`epoch` 0) then the deltas of
 //! committed epochs in commit order. A base is one run, or several that follow each other in
 //! key order without overlapping (the pieces of an ordered bulk load, read as one list; their
-//! last keys rise, which opening checks). `format` is 3; `log_generation` names the log that
-//! follows this manifest (format 1, written before the log existed, is read as generation 0
-//! with no log; format 2 differs from 3 only in its run files, which are read alike). Run
-//! files are named `run-<id, 20 digits>.arrow`.
+//! last keys rise, which opening checks). `format` is 4; `log_generation` names the log that
+//! follows this manifest, whose header was made durable before this manifest (so a missing
+//! log is corruption). Earlier formats are read: 3 differs from 4 only in that its log was
+//! created after it (a missing log holds no record); 2 differs from 3 only in its run files,
+//! which are read alike; 1, written before the log existed, is read as generation 0 with no
+//! log. Run files are named `run-<id, 20 digits>.arrow`.
 //!
 //! The manifest is not rewritten at every commit: commits append what they changed to
 //! `LOG-<log_generation>` (see [`super::log`]), and the committed state is this manifest
 //! with that log's valid records applied ([`Manifest::apply`]). When the manifest is
 //! rewritten (the log outgrew a few times its size, a table was created, the first commit
-//! after an open), the
-//! new one, of the next generation, is written to `MANIFEST.tmp`, fsynced, renamed over
-//! `MANIFEST`, and the directory fsynced: the switch is atomic, and a crash at any point
-//! leaves either the old manifest with its log or the new one.
+//! after an open), the next generation's log is created holding only its header (fsynced,
+//! with its directory entry), then the new manifest, of that generation, is written to
+//! `MANIFEST.tmp`, fsynced, renamed over `MANIFEST`, and the directory fsynced: the switch is
+//! atomic, and a crash at any point leaves either the old manifest with its log (and maybe
+//! the new log's header, removed on open) or the new one with its log.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,7 +43,7 @@ use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
 use super::file::{FileCheck, RunSpan, hex_decode, hex_encode};
-use super::log::{EditKind, LogRecord};
+use super::log::{EditKind, LogPresence, LogRecord};
 use crate::error::{Error, Result};
 use crate::key::KeyColumn;
 use crate::store::io::StorageIo;
@@ -51,11 +54,15 @@ use crate::vnode::{VirtualNode, VnodeCount};
 pub(crate) const MANIFEST_FILE: &str = "MANIFEST";
 const MANIFEST_TMP: &str = "MANIFEST.tmp";
 const MAGIC: &[u8; 8] = b"ABMANIF1";
-/// Format 3: run files store strings as offsets and short decimals in 64 bits (see
-/// `file.rs`); a binary that knows only format 2 refuses the store instead of taking those
-/// files for corrupt ones.
-const FORMAT: u32 = 3;
-/// The format before run files stored narrower types (their files are still read): read,
+/// Format 4: the manifest's log (`LOG-<log_generation>`) was durable, with its header,
+/// before the manifest was: a missing log is corruption. A binary that knows only format 3
+/// refuses the store instead of reading its log (format 2 of the log) as corrupt.
+const FORMAT: u32 = 4;
+/// The format whose log was created after it (a crash could leave it without one): read,
+/// never written. Its run files are those of format 4.
+const FORMAT_LOG_AFTER: u32 = 3;
+/// The format before run files stored narrower types (their files are still read; its log
+/// was created after it, as in format 3): read,
 /// never written.
 const FORMAT_RUN_VIEWS: u32 = 2;
 /// The format before the manifest log: read, never written.
@@ -276,13 +283,30 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_slice(body).map_err(|e| bad(&format!("malformed manifest: {e}")))?;
-        if ![FORMAT, FORMAT_RUN_VIEWS, FORMAT_WITHOUT_LOG].contains(&manifest.format) {
+        if ![
+            FORMAT,
+            FORMAT_LOG_AFTER,
+            FORMAT_RUN_VIEWS,
+            FORMAT_WITHOUT_LOG,
+        ]
+        .contains(&manifest.format)
+        {
             return Err(bad(&format!(
                 "format {} is not the supported format {FORMAT}",
                 manifest.format
             )));
         }
         Ok(Some(manifest))
+    }
+
+    /// Whether this manifest's log must be on disk: from format 4 on, its header was durable
+    /// before the manifest.
+    pub fn log_presence(&self) -> LogPresence {
+        if self.format >= FORMAT {
+            LogPresence::Required
+        } else {
+            LogPresence::Optional
+        }
     }
 
     /// Atomically replaces `dir/MANIFEST` with this manifest; returns its size in bytes.
@@ -435,7 +459,12 @@ mod tests {
     fn earlier_formats_load_and_a_later_one_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let io = RealIo;
-        for format in [FORMAT_WITHOUT_LOG, FORMAT_RUN_VIEWS, FORMAT] {
+        for format in [
+            FORMAT_WITHOUT_LOG,
+            FORMAT_RUN_VIEWS,
+            FORMAT_LOG_AFTER,
+            FORMAT,
+        ] {
             let mut m = Manifest::empty();
             m.format = format;
             m.store(&io, dir.path()).unwrap();
@@ -447,7 +476,7 @@ mod tests {
         m.store(&io, dir.path()).unwrap();
         let err = Manifest::load(&io, dir.path()).unwrap_err().to_string();
         assert!(
-            err.contains("format 4 is not the supported format 3"),
+            err.contains("format 5 is not the supported format 4"),
             "{err}"
         );
     }

@@ -8,9 +8,10 @@
 //!                    2. a record of what changed (epoch c, job values, new files, the runs
 //!                       each touched vnode gains) appended to LOG-<g>, fsync  ◀── commit
 //!                       point; or, once the log would outgrow LOG_GROWTH manifests, the
-//!                       whole state as MANIFEST.tmp (generation g + 1), fsync, rename
-//!                       over MANIFEST, fsync the directory  ◀── commit point; then a
-//!                       fresh LOG-<g + 1>
+//!                       fresh LOG-<g + 1> holding its header (fsync), then the whole
+//!                       state as MANIFEST.tmp (generation g + 1), fsync, rename over
+//!                       MANIFEST, fsync the directory  ◀── commit point; then LOG-<g>
+//!                       is removed
 //!                    3. the layers become committed delta runs (an epoch's runs over
 //!                       an empty vnode, inserts in key order without overlap, become its
 //!                       base as they are: an ordered bulk load is never compacted);
@@ -494,19 +495,34 @@ pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
         )
         .max()
         .unwrap_or(0);
+    let next = newest + 1;
+    // The new manifest's log is durable before the manifest, as after any rewrite.
+    drop(LogWriter::create(io, dir, next)?);
     let mut empty = Manifest::empty();
-    empty.log_generation = newest + 1;
+    empty.log_generation = next;
     empty.store(io, dir)?;
     for name in names {
         if manifest::run_file_id(&name).is_some()
             || name == "MANIFEST.tmp"
-            || log::log_generation(&name).is_some()
+            || log::log_generation(&name).is_some_and(|g| g != next)
         {
             io.remove(&dir.join(name))?;
         }
     }
     io.sync_dir(dir)?;
     Ok(())
+}
+
+/// The error for a directory that holds `name` (a run file, or a log with records) but no
+/// manifest.
+fn missing_manifest(dir: &Path, name: &str) -> Error {
+    Error::CorruptState {
+        context: dir.join(MANIFEST_FILE).display().to_string(),
+        message: format!(
+            "missing, but the directory holds files of a store ({name}): refusing to treat it \
+             as a new store"
+        ),
+    }
 }
 
 impl DurableStore {
@@ -527,39 +543,43 @@ impl DurableStore {
         let lock = DirLock::acquire(&dir)?;
         let block_cache = cache::BlockCache::new(options.block_cache);
         let names = io.list(&dir)?;
-        let mut manifest = match Manifest::load(io.as_ref(), &dir)? {
-            Some(m) => m,
-            None => {
-                if let Some(name) = names.iter().find(|n| {
-                    manifest::run_file_id(n).is_some() || log::log_generation(n).is_some()
-                }) {
-                    return Err(Error::CorruptState {
-                        context: dir.join(MANIFEST_FILE).display().to_string(),
-                        message: format!(
-                            "missing, but the directory holds run files ({name}): refusing to \
-                             treat it as a new store"
-                        ),
-                    });
-                }
-                Manifest::empty()
-            }
-        };
-        let generation = manifest.log_generation;
-        if let Some(name) = names
-            .iter()
-            .find(|n| log::log_generation(n).is_some_and(|g| g > generation))
+        let loaded = Manifest::load(io.as_ref(), &dir)?;
+        if loaded.is_none()
+            && let Some(name) = names.iter().find(|n| manifest::run_file_id(n).is_some())
         {
-            return Err(Error::CorruptState {
-                context: dir.join(name).display().to_string(),
-                message: format!(
-                    "a log newer than the manifest (of generation {generation}): the manifest \
-                     was replaced by an older one"
-                ),
-            });
+            return Err(missing_manifest(&dir, name));
         }
-        let log_path = dir.join(log_file_name(generation));
-        let records = log::read_log(io.as_ref(), &dir, generation)?;
-        manifest.apply(&records, &log_path)?;
+        let has_manifest = loaded.is_some();
+        let mut manifest = loaded.unwrap_or_else(Manifest::empty);
+        let generation = manifest.log_generation;
+        // Logs the manifest does not name yet: a rewrite's, created before its manifest.
+        let mut unfinished = Vec::new();
+        for name in &names {
+            let Some(g) = log::log_generation(name) else {
+                continue;
+            };
+            if has_manifest && g <= generation {
+                continue;
+            }
+            if log::is_unfinished_rewrite(io.as_ref(), &dir.join(name))? {
+                unfinished.push(name.clone());
+            } else if !has_manifest {
+                return Err(missing_manifest(&dir, name));
+            } else {
+                return Err(Error::CorruptState {
+                    context: dir.join(name).display().to_string(),
+                    message: format!(
+                        "a log newer than the manifest (of generation {generation}) holds \
+                         records: the manifest was replaced by an older one"
+                    ),
+                });
+            }
+        }
+        if has_manifest {
+            let log_path = dir.join(log_file_name(generation));
+            let records = log::read_log(io.as_ref(), &dir, generation, manifest.log_presence())?;
+            manifest.apply(&records, &log_path)?;
+        }
         let manifest_path = dir.join(MANIFEST_FILE);
         let mut state = State {
             committed: manifest.committed_epoch,
@@ -667,7 +687,7 @@ impl DurableStore {
         for name in &names {
             let unlisted = match (manifest::run_file_id(name), log::log_generation(name)) {
                 (Some(id), _) => !state.files.contains(id),
-                (None, Some(g)) => g < generation,
+                (None, Some(g)) => g < generation || unfinished.contains(name),
                 (None, None) => name == "MANIFEST.tmp",
             };
             if unlisted {
@@ -833,15 +853,15 @@ impl Shared {
     fn persist(&self, record: &LogRecord, keep: &[Arc<RunFile>]) -> Result<()> {
         let result = self.lock_log().and_then(|mut guard| {
             let log = &mut *guard;
-            let framed = record.encode()?;
+            let body = record.encode_body()?;
             if let Some(writer) = log.writer.as_mut()
-                && writer.len() + framed.len() as u64 <= LOG_GROWTH * log.manifest_len
+                && writer.len() + log::framed_len(body.len()) <= LOG_GROWTH * log.manifest_len
             {
                 if !record.added.is_empty() {
                     // The new files' directory entries are durable before a record names them.
                     self.io.sync_dir(&self.dir)?;
                 }
-                return writer.append(&framed);
+                return writer.append(&body);
             }
             let mut manifest = self
                 .read()?
@@ -853,16 +873,18 @@ impl Shared {
         self.fail_on_error(result, keep)
     }
 
-    /// Writes `manifest` as the next generation's, starts that generation's log and removes
-    /// the previous one.
+    /// Starts the next generation's log, writes `manifest` as that generation's (the commit
+    /// point: the log's header is durable before the manifest names it) and removes the
+    /// previous log.
     fn rewrite(&self, log: &mut LogState, mut manifest: Manifest) -> Result<()> {
         let old = log.generation;
         let next = old + 1;
         manifest.log_generation = next;
         log.writer = None;
+        let writer = LogWriter::create(self.io.as_ref(), &self.dir, next)?;
         log.manifest_len = manifest.store(self.io.as_ref(), &self.dir)?;
         log.generation = next;
-        log.writer = Some(LogWriter::create(self.io.as_ref(), &self.dir, next)?);
+        log.writer = Some(writer);
         let old = self.dir.join(log_file_name(old));
         if self.io.exists(&old).unwrap_or(false) {
             // Best effort: the next open removes it otherwise.
