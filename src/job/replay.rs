@@ -93,6 +93,31 @@ const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_BARRIERS_IN_FLIGHT: u64 = 2;
 /// The output directory's lock file.
 pub const OUT_LOCK_FILE: &str = ".lock";
+
+/// Locks the output directory `out` for a reader of it (`verify`, the certificate), for as
+/// long as the lock lives: a replay into `out` is refused meanwhile, and a reader that starts
+/// while a replay writes there fails with [`Error::Locked`] naming the replay's process
+/// instead of reading a half-written output. The same lock as a replay's; where `out` cannot
+/// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
+/// says so), or is read-only with no lock file (no replay can write there).
+pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
+    if !out.is_dir() {
+        return Ok(None);
+    }
+    let path = out.join(OUT_LOCK_FILE);
+    match DirLock::acquire_file(&path) {
+        Ok(lock) => Ok(Some(lock)),
+        Err(Error::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            DirLock::share_existing_file(&path)
+        }
+        Err(e) => Err(e),
+    }
+}
 /// The state directory inside the output directory, by default.
 pub const STATE_DIR: &str = "state";
 
@@ -258,6 +283,8 @@ pub enum Interrupt {
     Interrupt,
     /// SIGTERM.
     Terminate,
+    /// SIGHUP (the terminal went away).
+    Hangup,
 }
 
 impl Interrupt {
@@ -266,6 +293,7 @@ impl Interrupt {
         match self {
             Interrupt::Interrupt => "SIGINT",
             Interrupt::Terminate => "SIGTERM",
+            Interrupt::Hangup => "SIGHUP",
         }
     }
 
@@ -274,6 +302,7 @@ impl Interrupt {
         match self {
             Interrupt::Interrupt => 130,
             Interrupt::Terminate => 143,
+            Interrupt::Hangup => 129,
         }
     }
 }
