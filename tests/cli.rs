@@ -730,3 +730,59 @@ fn verify_reads_the_replays_output_only_and_respects_its_lock() {
     drop(lock);
     ok(&["verify", path(&ds), path(&out)]);
 }
+
+/// SIGHUP stops a replay like SIGINT and SIGTERM (exit 129, resumable), and leaves no sort
+/// scratch behind.
+#[test]
+fn sighup_stops_a_replay_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "int64", "3");
+    let out = tmp.path().join("out");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let args = [
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+        "--upstream-rate",
+        "500",
+    ];
+    let child = Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(args)
+        .env("TMPDIR", &scratch)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_dir(out.join("changes")).is_ok_and(|mut e| e.next().is_some()) {
+        assert!(started.elapsed().as_secs() < 120, "no output in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let kill = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(129), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("interrupted by SIGHUP"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+    let mut rerun = args[..6].to_vec();
+    rerun.push("--verify");
+    let o = backfill_in(&rerun, &scratch);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("resumed from checkpoint"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+}
