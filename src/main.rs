@@ -1,8 +1,8 @@
 //! The `backfill` command-line tool: replay a dataset through a backfill, verify a replay's
 //! output, generate datasets.
 //!
-//! Exit status: 0 on success, 2 on bad input (a malformed dataset, a usage error), 1 on any
-//! other failure.
+//! Exit status: 0 on success, 2 on bad input (a malformed dataset, a usage error, a locked
+//! output), 128 + the signal after SIGINT, SIGTERM or SIGHUP, 1 on any other failure.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -17,7 +17,8 @@ use arrangement_backfill::job::replay::{
 };
 use arrangement_backfill::job::{Certificate, certify_output};
 use arrangement_backfill::replay::{
-    Dataset, GenKind, GenOptions, SyntheticShape, generate, verify,
+    Dataset, ExternalSortOptions, GenKind, GenOptions, SyntheticShape, generate,
+    remove_all_scratch, verify_with,
 };
 use arrangement_backfill::vnode::VnodeCount;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -286,8 +287,15 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Replay(args) => replay(args),
         Command::Verify { dataset, out } => {
+            // Kept until the command ends: a signal meanwhile removes the sort's scratch.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("backfill-signal")
+                .enable_all()
+                .build()?;
+            exit_on_signal(&runtime);
             let dataset = open_dataset(&dataset)?;
-            let report = verify(&dataset, &out)?;
+            let report = verify_with(&dataset, &out, &sort_options())?;
             say!(
                 "verified: {} output rows in {} files give the expected {} rows",
                 report.output_rows,
@@ -396,6 +404,10 @@ fn replay(args: ReplayArgs) -> Result<()> {
         interrupted,
     ));
     display.finish();
+    if let Err(arrangement_backfill::Error::Interrupted { .. }) = &summary {
+        // No sort outlives the job today; one that did would end with the process.
+        remove_scratch();
+    }
     let summary = summary?;
     if summary.already_finished {
         let finish = summary.finish_record.as_ref();
@@ -414,7 +426,9 @@ fn replay(args: ReplayArgs) -> Result<()> {
         print_summary(dataset.name(), &summary);
     }
     if args.verify {
-        let report = verify(&dataset, &out)?;
+        // A signal now ends the process: the verification cannot stop between steps.
+        exit_on_signal(&runtime);
+        let report = verify_with(&dataset, &out, &sort_options())?;
         say!(
             "verified: the output applies cleanly and equals snapshot + changes ({} rows)",
             report.final_rows
@@ -449,8 +463,8 @@ fn certificate_line(c: &Certificate) -> String {
     }
 }
 
-/// Installs SIGINT and SIGTERM handlers (in `runtime`'s context) and returns a future that
-/// completes on the first of them (never, if the handlers cannot be installed).
+/// Installs SIGINT, SIGTERM and SIGHUP handlers (in `runtime`'s context) and returns a
+/// future that completes on the first of them (never, if the handlers cannot be installed).
 fn shutdown_signal(
     runtime: &tokio::runtime::Runtime,
 ) -> impl std::future::Future<Output = Interrupt> + use<> {
@@ -459,15 +473,58 @@ fn shutdown_signal(
     let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     );
     async move {
-        let (Ok(mut int), Ok(mut term)) = handlers else {
+        let (Ok(mut int), Ok(mut term), Ok(mut hup)) = handlers else {
             return std::future::pending().await;
         };
         tokio::select! {
             _ = int.recv() => Interrupt::Interrupt,
             _ = term.recv() => Interrupt::Terminate,
+            _ = hup.recv() => Interrupt::Hangup,
         }
+    }
+}
+
+/// Ends the process on SIGINT, SIGTERM or SIGHUP, with status 128 + the signal, after
+/// removing the scratch directories of its external sorts: for `verify`, a synchronous pass
+/// that cannot stop between steps, whose scratch (up to the size of the data) would
+/// otherwise stay behind. The handlers run on `runtime`, which must outlive the pass.
+fn exit_on_signal(runtime: &tokio::runtime::Runtime) {
+    let signal = shutdown_signal(runtime);
+    runtime.spawn(async move {
+        let signal = signal.await;
+        remove_scratch();
+        eprintln!(
+            "error: interrupted by {}; the scratch files were removed",
+            signal.name()
+        );
+        std::process::exit(i32::from(signal.exit_code()));
+    });
+}
+
+/// Removes this process's sort scratch directories, saying which it could not.
+fn remove_scratch() {
+    for dir in remove_all_scratch() {
+        eprintln!("warning: could not remove scratch {}", dir.display());
+    }
+}
+
+/// The environment variable that sets the memory budget of `verify`'s sorts, in bytes: for
+/// tests, which need a sort that spills on a small dataset. Not a user option.
+const TEST_SORT_MEMORY_ENV: &str = "BACKFILL_TEST_SORT_MEMORY";
+
+/// Where `verify` spills (`TMPDIR`) and how much memory its sorts use (the default, or
+/// [`TEST_SORT_MEMORY_ENV`]).
+fn sort_options() -> ExternalSortOptions {
+    let options = ExternalSortOptions::new(std::env::temp_dir());
+    match std::env::var(TEST_SORT_MEMORY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(bytes) => options.with_memory_budget(bytes),
+        None => options,
     }
 }
 

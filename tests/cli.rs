@@ -516,3 +516,273 @@ fn a_reader_that_goes_away_is_not_a_failure() {
         text(&o)
     );
 }
+
+// ---- scratch space, the output rule, the output lock ----
+
+/// A generated dataset and its replayed output, big enough that `verify` with a 64 KiB sort
+/// budget spills for a few seconds (debug build).
+fn spilling_output(dir: &Path) -> (PathBuf, PathBuf) {
+    let dataset = dir.join("ds");
+    ok(&[
+        "gen",
+        "synthetic",
+        "--out",
+        path(&dataset),
+        "--scale",
+        "0.5",
+        "--epochs",
+        "12",
+    ]);
+    let out = dir.join("out");
+    ok(&[
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+    ]);
+    (dataset, out)
+}
+
+/// `backfill verify` with its scratch in `scratch` (`TMPDIR`) and a 64 KiB sort budget,
+/// started.
+fn verify_spilling(dataset: &Path, out: &Path, scratch: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(["verify", path(dataset), path(out)])
+        .env("TMPDIR", scratch)
+        .env("BACKFILL_TEST_SORT_MEMORY", "65536")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs")
+}
+
+/// The sort scratch directories in `scratch`, once one holds a spilled run (waits for it).
+fn spilled_scratch(scratch: &Path, child: &mut std::process::Child) -> Vec<PathBuf> {
+    let started = std::time::Instant::now();
+    loop {
+        let dirs = scratch_dirs(scratch);
+        let spilled = dirs.iter().any(|d| {
+            std::fs::read_dir(d).is_ok_and(|mut e| {
+                e.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".arrow")))
+            })
+        });
+        if spilled {
+            return dirs;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("verify ended ({status}) before it spilled");
+        }
+        assert!(started.elapsed().as_secs() < 120, "no spill in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The `backfill-sort-*` entries in `scratch`.
+fn scratch_dirs(scratch: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(scratch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("backfill-sort-")
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// A `kill -9` during `verify`'s sort leaves its scratch behind; the next run removes it
+/// (its owner is dead: its lock is free) and nothing else.
+#[test]
+fn a_killed_verifys_scratch_is_removed_by_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dataset, out) = spilling_output(tmp.path());
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let others = [
+        scratch.join("backfill-sort-mine"),
+        scratch.join("unrelated"),
+    ];
+    for dir in &others {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("LOCK"), b"").unwrap();
+    }
+    let mut child = verify_spilling(&dataset, &out, &scratch);
+    let spilled = spilled_scratch(&scratch, &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = scratch_dirs(&scratch);
+    assert_eq!(left.len(), 2, "the killed run's scratch stays: {left:?}");
+    assert!(spilled.iter().all(|d| left.contains(d)));
+
+    let o = backfill_in(&["verify", path(&dataset), path(&out)], &scratch);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        scratch_dirs(&scratch),
+        vec![others[0].clone()],
+        "the dead run's scratch is removed, nothing else"
+    );
+    assert!(others.iter().all(|d| d.join("LOCK").exists()));
+}
+
+/// `backfill ARGS` with `TMPDIR=scratch`.
+fn backfill_in(args: &[&str], scratch: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(args)
+        .env("TMPDIR", scratch)
+        .output()
+        .expect("the binary runs")
+}
+
+/// SIGTERM, SIGHUP or SIGINT during `verify`'s sort: it removes its scratch and exits with
+/// 128 + the signal.
+#[test]
+fn a_signal_during_verify_removes_its_scratch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dataset, out) = spilling_output(tmp.path());
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    for (signal, code) in [("TERM", 143), ("HUP", 129), ("INT", 130)] {
+        let mut child = verify_spilling(&dataset, &out, &scratch);
+        spilled_scratch(&scratch, &mut child);
+        let kill = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(code), "SIG{signal}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(&format!("SIG{signal}")),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new(), "SIG{signal}");
+    }
+}
+
+/// A spill that fails part way (a file size limit: `EFBIG`, as a full disk gives `ENOSPC`)
+/// ends `verify` with an error and removes its scratch.
+#[test]
+fn a_failed_spill_leaves_no_scratch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dataset, out) = spilling_output(tmp.path());
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    // SIGXFSZ ignored: a write past the limit fails instead of killing the process.
+    let o = Command::new("sh")
+        .args([
+            "-c",
+            "trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_backfill"),
+            "verify",
+            path(&dataset),
+            path(&out),
+        ])
+        .env("TMPDIR", &scratch)
+        .env("BACKFILL_TEST_SORT_MEMORY", "4194304")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("backfill-sort-"), "{}", text(&o));
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+}
+
+/// `verify` and the certificate read the names the replay writes and nothing else, and an
+/// output a replay holds is refused (exit 2, naming the holder) instead of read.
+#[test]
+fn verify_reads_the_replays_output_only_and_respects_its_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    let log = changes(&[(1, "+ 4 d"), (2, "- 1 a")]);
+    dataset(&ds, Some(MANIFEST), &snapshot("1 a\n2 b\n3 c"), Some(&log));
+    let out = tmp.path().join("out");
+    replay_verified(&ds, &out, &[]);
+    for name in [
+        "epoch-my-notes.parquet",
+        "epoch-10.parquet",
+        "epoch-99999999999999999999.parquet",
+    ] {
+        write(&out.join("changes").join(name), &log);
+    }
+    let o = ok(&["verify", path(&ds), path(&out)]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("downstream == upstream"),
+        "{}",
+        text(&o)
+    );
+
+    let lock =
+        arrangement_backfill::store::durable::DirLock::acquire_file(&out.join(".lock")).unwrap();
+    let o = backfill(&["verify", path(&ds), path(&out)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(".lock") && stderr.contains(&format!("process {}", std::process::id())),
+        "{}",
+        text(&o)
+    );
+    drop(lock);
+    ok(&["verify", path(&ds), path(&out)]);
+}
+
+/// SIGHUP stops a replay like SIGINT and SIGTERM (exit 129, resumable), and leaves no sort
+/// scratch behind.
+#[test]
+fn sighup_stops_a_replay_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "int64", "3");
+    let out = tmp.path().join("out");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let args = [
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+        "--upstream-rate",
+        "500",
+    ];
+    let child = Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(args)
+        .env("TMPDIR", &scratch)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_dir(out.join("changes")).is_ok_and(|mut e| e.next().is_some()) {
+        assert!(started.elapsed().as_secs() < 120, "no output in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let kill = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(129), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("interrupted by SIGHUP"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+    let mut rerun = args[..6].to_vec();
+    rerun.push("--verify");
+    let o = backfill_in(&rerun, &scratch);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("resumed from checkpoint"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+}

@@ -322,7 +322,13 @@ fn float_keys_use_sql_equality() {
 fn duplicate_and_reserved_column_names_exit_two() {
     let tmp = tempfile::tempdir().unwrap();
     let manifest = r#"{"name": "t", "primary_key": ["k"]}"#;
-    for (name, other) in [("dup", "k"), ("op", "_op"), ("epoch", "_epoch")] {
+    for (name, other) in [
+        ("dup", "k"),
+        ("op", "_op"),
+        ("epoch", "_epoch"),
+        ("op-upper", "_OP"),
+        ("epoch-mixed", "_Epoch"),
+    ] {
         let ds = tmp.path().join(name);
         let snapshot = batch(
             vec![

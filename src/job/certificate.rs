@@ -166,26 +166,18 @@ impl TableDigest {
         Ok(())
     }
 
-    /// The digest of the committed output of a replay in `out` (`changes/epoch-*.parquet`).
+    /// The digest of the committed output of a replay in `out`: its
+    /// [`output_files`](crate::job::output_files).
     pub fn of_output(out: &Path, desc: &TableDesc) -> Result<Self> {
         Self::of_output_in_batches(out, desc, DIGEST_BATCH_ROWS)
     }
 
     /// [`TableDigest::of_output`], reading `batch_rows` rows at a time.
     fn of_output_in_batches(out: &Path, desc: &TableDesc, batch_rows: usize) -> Result<Self> {
-        let dir = out.join("changes");
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(&dir).map_err(|e| crate::store::io::named(&dir, e))? {
-            let entry = entry.map_err(|e| crate::store::io::named(&dir, e))?;
-            let name = entry.file_name();
-            if let Some((_, false)) = crate::job::sink::parse_name(&name.to_string_lossy()) {
-                files.push(entry.path());
-            }
-        }
-        files.sort();
+        let files = crate::job::sink::output_files(out)?;
         let mut digest = Self::new(desc.vnode_count());
         let schema = desc.schema();
-        for path in files {
+        for (_, path) in files {
             let mut reader = crate::replay::files::open_reader(&path, batch_rows)?;
             while let Some(batch) = crate::replay::files::next_batch(&mut reader, &path) {
                 // Batches of a file may end between the two halves of an update pair, so
@@ -236,8 +228,15 @@ impl TableDigest {
 /// The completion certificate of a replay's output in `out` against the dataset it replayed,
 /// computed from the files alone (no state): per vnode of `dataset`'s default vnode count, the
 /// rows and checksum the output's changes net to, against the snapshot's and the changelog's.
-/// `backfill verify` checks it next to its row-by-row comparison.
+/// `backfill verify` checks it next to its row-by-row comparison. The output is locked
+/// meanwhile ([`lock_output_to_read`](crate::job::replay::lock_output_to_read)).
 pub fn certify_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
+    let _lock = crate::job::replay::lock_output_to_read(out)?;
+    certify_locked_output(dataset, out)
+}
+
+/// [`certify_output`] for a caller that holds the output's lock already (a replay).
+pub(crate) fn certify_locked_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let downstream = TableDigest::of_output(out, &desc)?;
     let (upstream, epoch) = TableDigest::of_dataset(dataset, &desc)?;

@@ -42,3 +42,4 @@ pub use dispatcher::VnodeMap;
 pub use handle::BackfillJob;
 pub use progress::{ActorProgress, JobProgress};
 pub use runtime::ParallelBackfill;
+pub use sink::output_files;

@@ -97,6 +97,31 @@ const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_BARRIERS_IN_FLIGHT: u64 = 2;
 /// The output directory's lock file.
 pub const OUT_LOCK_FILE: &str = ".lock";
+
+/// Locks the output directory `out` for a reader of it (`verify`, the certificate), for as
+/// long as the lock lives: a replay into `out` is refused meanwhile, and a reader that starts
+/// while a replay writes there fails with [`Error::Locked`] naming the replay's process
+/// instead of reading a half-written output. The same lock as a replay's; where `out` cannot
+/// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
+/// says so), or is read-only with no lock file (no replay can write there).
+pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
+    if !out.is_dir() {
+        return Ok(None);
+    }
+    let path = out.join(OUT_LOCK_FILE);
+    match DirLock::acquire_file(&path) {
+        Ok(lock) => Ok(Some(lock)),
+        Err(Error::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            DirLock::share_existing_file(&path)
+        }
+        Err(e) => Err(e),
+    }
+}
 /// The state directory inside the output directory, by default.
 pub const STATE_DIR: &str = "state";
 
@@ -272,6 +297,8 @@ pub enum Interrupt {
     Interrupt,
     /// SIGTERM.
     Terminate,
+    /// SIGHUP (the terminal went away).
+    Hangup,
 }
 
 impl Interrupt {
@@ -280,6 +307,7 @@ impl Interrupt {
         match self {
             Interrupt::Interrupt => "SIGINT",
             Interrupt::Terminate => "SIGTERM",
+            Interrupt::Hangup => "SIGHUP",
         }
     }
 
@@ -288,6 +316,7 @@ impl Interrupt {
         match self {
             Interrupt::Interrupt => 130,
             Interrupt::Terminate => 143,
+            Interrupt::Hangup => 129,
         }
     }
 }
@@ -780,7 +809,10 @@ impl<'a, S: StateStore> Job<'a, S> {
         let finish = match record.finished.clone() {
             Some(finish) => finish,
             None => {
-                let c = crate::job::certify_output(self.dataset, &self.options.out)?;
+                let c = crate::job::certificate::certify_locked_output(
+                    self.dataset,
+                    &self.options.out,
+                )?;
                 let finish = FinishRecord {
                     epoch: c.epoch,
                     certificate_matches: c.matches(),

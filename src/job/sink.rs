@@ -74,7 +74,10 @@ pub fn tmp_name(epoch: u64) -> String {
     format!("epoch-{epoch:020}.parquet.tmp")
 }
 
-/// A name this sink writes: `(epoch, is_tmp)`.
+/// A name this sink writes: `(epoch, is_tmp)`. Exactly `epoch-<20 digits>.parquet` (or
+/// `.parquet.tmp`) of an epoch that fits in a `u64`: the one rule for which files are a
+/// replay's output, so `epoch-my-notes.parquet`, `epoch-10.parquet` or
+/// `epoch-99999999999999999999.parquet` (20 digits past `u64::MAX`) are not.
 pub fn parse_name(name: &str) -> Option<(u64, bool)> {
     let rest = name.strip_prefix("epoch-")?;
     let (digits, tmp) = match rest.strip_suffix(".parquet.tmp") {
@@ -84,6 +87,25 @@ pub fn parse_name(name: &str) -> Option<(u64, bool)> {
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
         .then(|| digits.parse().ok().map(|e| (e, tmp)))
         .flatten()
+}
+
+/// The published output files of a replay in `out`: `out/changes/<name>` for each name
+/// [`parse_name`] accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
+/// of an output (`verify`, the certificate) reads these files and no others; the replay's
+/// recovery and cleanup touch the same names.
+pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let dir = out.join("changes");
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
+        if let Some((epoch, false)) = entry.file_name().to_str().and_then(parse_name) {
+            files.push((epoch, entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// A checkpoint file the encoder is finishing ([`ParquetSink::start_prepare`]).
@@ -1395,5 +1417,40 @@ mod tests {
         assert_eq!(parse_name(&tmp_name(42)), Some((42, true)));
         assert_eq!(parse_name("epoch-42.parquet"), None);
         assert_eq!(parse_name("epoch-my-notes.parquet"), None);
+        assert_eq!(parse_name("epoch-10.parquet"), None);
+        assert_eq!(parse_name(&file_name(u64::MAX)), Some((u64::MAX, false)));
+        // 20 digits, past `u64::MAX`.
+        assert_eq!(parse_name("epoch-99999999999999999999.parquet"), None);
+        assert_eq!(parse_name("epoch-+0000000000000000042.parquet"), None);
+        assert_eq!(parse_name("epoch-00000000000000000042.parquet.bak"), None);
+    }
+
+    /// Only published names of the one rule, in epoch order; no `.tmp`, nothing else.
+    #[test]
+    fn output_files_follow_the_one_rule() {
+        let out = tempfile::tempdir().unwrap();
+        let changes = out.path().join("changes");
+        fs::create_dir_all(&changes).unwrap();
+        for name in [
+            file_name(12),
+            file_name(3),
+            tmp_name(13),
+            "epoch-my-notes.parquet".into(),
+            "epoch-10.parquet".into(),
+            "epoch-99999999999999999999.parquet".into(),
+            ".lock".into(),
+        ] {
+            fs::write(changes.join(name), b"x").unwrap();
+        }
+        let files = output_files(out.path()).unwrap();
+        assert_eq!(
+            files,
+            vec![
+                (3, changes.join(file_name(3))),
+                (12, changes.join(file_name(12)))
+            ]
+        );
+        let err = output_files(&out.path().join("nope")).unwrap_err();
+        assert!(err.to_string().contains("nope/changes"), "{err}");
     }
 }

@@ -294,21 +294,23 @@ fn check_column_names(path: &Path, schema: &arrow_schema::Schema) -> Result<()> 
             ),
         ));
     }
-    if let Some(reserved) = schema
-        .fields()
-        .iter()
-        .find(|f| f.name() == OP_COLUMN || f.name() == EPOCH_COLUMN)
-    {
+    if let Some(reserved) = schema.fields().iter().find(|f| is_reserved(f.name())) {
         return Err(Error::dataset(
             path,
             "",
             format!(
-                "a table column may not be named `{}`: `{OP_COLUMN}` and `{EPOCH_COLUMN}` are the changelog's own columns",
+                "a table column may not be named `{}`: `{OP_COLUMN}` and `{EPOCH_COLUMN}` (in any case) are the changelog's own columns",
                 reserved.name()
             ),
         ));
     }
     Ok(())
+}
+
+/// Whether `name` is a changelog column's name, ignoring ASCII case: readers that match
+/// names without case (DuckDB) would see two columns of one name and rename one.
+fn is_reserved(name: &str) -> bool {
+    name.eq_ignore_ascii_case(OP_COLUMN) || name.eq_ignore_ascii_case(EPOCH_COLUMN)
 }
 
 /// `batch` with its float key columns (`float_keys`) in canonical form.
@@ -635,6 +637,38 @@ mod tests {
         let dir = dataset(MANIFEST, &[rows("1 a"), k_only], &[]);
         let err = Dataset::open(dir.path()).unwrap_err();
         assert_dataset_error(err, "snapshot/part-00001.parquet", "", "disagree");
+    }
+
+    /// `_op` and `_epoch` in any case are refused, naming the file and the column; names
+    /// that only contain them are not.
+    #[test]
+    fn reserved_column_names_in_any_case() {
+        use arrow_array::ArrayRef;
+        let table = |name: &str| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int64, false),
+                Field::new(name, DataType::Int64, false),
+            ]));
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from(vec![1])),
+                Arc::new(Int64Array::from(vec![2])),
+            ];
+            RecordBatch::try_new(schema, columns).unwrap()
+        };
+        for name in ["_op", "_OP", "_Op", "_epoch", "_EPOCH", "_ePoCh"] {
+            let dir = dataset(MANIFEST, &[table(name)], &[]);
+            let err = Dataset::open(dir.path()).unwrap_err();
+            assert_dataset_error(
+                err,
+                "snapshot/part-00000.parquet",
+                "",
+                &format!("may not be named `{name}`"),
+            );
+        }
+        for name in ["op", "_op_", "x_OP", "_epochs"] {
+            let dir = dataset(MANIFEST, &[table(name)], &[]);
+            Dataset::open(dir.path()).unwrap();
+        }
     }
 
     #[test]

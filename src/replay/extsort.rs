@@ -31,8 +31,8 @@
 //! Memory is bounded by the budget, independent of the input: one filling buffer and one run
 //! being sorted (`run_bytes = budget / 4` each, plus their keys and indices), or during a merge
 //! about two batches of `batch_bytes` per run read (`fan_in * batch_bytes = budget / 16`).
-//! Scratch files live in a directory the caller owns (usually a [`tempfile::TempDir`]); runs
-//! are deleted as soon as they are merged.
+//! Scratch files live in a directory the caller owns (a [`ScratchDir`]: locked, removed on
+//! drop, swept once its owner died); runs are deleted as soon as they are merged.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
@@ -49,6 +49,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave;
 use rayon::slice::ParallelSliceMut;
 
+use super::scratch::ScratchDir;
 use crate::error::{Error, Result, internal};
 use crate::interleave::interleave_batches;
 use crate::key::{KeyPrefix, PrimaryKey};
@@ -64,8 +65,10 @@ const MAX_BATCH_ROWS: usize = 8192;
 /// Where validation and verification spill, and how much memory they may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalSortOptions {
-    /// The directory for scratch files. Each pass makes its own subdirectory in it, removed
-    /// when the pass ends, also on error. Should be on a disk, not a RAM-backed `tmpfs`.
+    /// The directory for scratch files. Each pass makes its own subdirectory in it,
+    /// `backfill-sort-XXXXXX`, removed when the pass ends, also on error, and locked while it
+    /// lives: a pass first removes the subdirectories of processes that died (see
+    /// `scratch.rs`). Should be on a disk, not a RAM-backed `tmpfs`.
     pub scratch_dir: PathBuf,
     /// The memory the sorts may use, in bytes (approximately: Arrow buffer sizes). The
     /// reading of the input (Parquet decoding) comes on top.
@@ -87,12 +90,10 @@ impl ExternalSortOptions {
         self
     }
 
-    /// A fresh scratch subdirectory of [`Self::scratch_dir`], removed when dropped.
-    pub(crate) fn scratch(&self) -> Result<tempfile::TempDir> {
-        tempfile::Builder::new()
-            .prefix("backfill-sort-")
-            .tempdir_in(&self.scratch_dir)
-            .map_err(|e| Error::scratch(&self.scratch_dir, e))
+    /// A fresh scratch subdirectory of [`Self::scratch_dir`], removed when dropped, after
+    /// the removal of dead processes' ones there.
+    pub(crate) fn scratch(&self) -> Result<ScratchDir> {
+        ScratchDir::create(&self.scratch_dir)
     }
 }
 

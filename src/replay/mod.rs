@@ -30,6 +30,7 @@ mod manifest;
 #[cfg(test)]
 mod model;
 pub(crate) mod prefetch;
+mod scratch;
 #[cfg(test)]
 pub(crate) mod testing;
 mod touched;
@@ -43,5 +44,6 @@ pub use generate::{
     GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
 };
 pub use manifest::{Direction, MANIFEST_FILE, Manifest};
+pub use scratch::remove_all_scratch;
 pub(crate) use validate::{Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
 pub use verify::{VerifyReport, verify, verify_with};

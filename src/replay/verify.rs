@@ -1,7 +1,8 @@
 //! Verifying a replay's output against its dataset: the oracle of a replay.
 //!
 //! The output directory holds `changes/epoch-<20 digits>.parquet` files (`_epoch`, `_op`, the
-//! table's columns). [`verify`] applies them, in name order, strictly to an empty table
+//! table's columns; exactly the names [`output_files`] lists, the replay's own rule, so
+//! `epoch-my-notes.parquet` is not read). [`verify`] applies them, in epoch order, strictly to an empty table
 //! (exact row values: an all-column arrow-row encoding), so a duplicate insert, a delete of an
 //! absent row or of a row with other values, or a lone update half fails with an
 //! [`Error::Dataset`] naming the output file, row and epoch. It then computes the expected
@@ -29,6 +30,8 @@ use super::changelog::ChangelogReader;
 use super::dataset::{CHANGES_DIR, Dataset};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use crate::error::{Error, Result};
+use crate::job::output_files;
+use crate::job::replay::lock_output_to_read;
 use crate::vnode::VnodeCount;
 
 /// Rows per batch read during verification.
@@ -45,27 +48,11 @@ pub struct VerifyReport {
     pub final_rows: u64,
 }
 
-/// The output changelog files of `out_dir`: `changes/epoch-*.parquet`, in name order.
-fn output_files(out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let dir = out_dir.join(CHANGES_DIR);
-    let entries = std::fs::read_dir(&dir)
-        .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("epoch-") && name.ends_with(".parquet") {
-            files.push(entry.path());
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// Checks that the output in `out_dir` is a consistent changelog whose result equals the
 /// dataset's snapshot plus all its changes (see the module docs), spilling to a temporary
-/// directory (`TMPDIR`, removed afterwards) with the default memory budget.
+/// directory (`TMPDIR`, removed afterwards) with the default memory budget. The output is
+/// locked meanwhile ([`lock_output_to_read`]): one a replay is writing is refused with
+/// [`Error::Locked`].
 pub fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
     verify_with(
         dataset,
@@ -81,7 +68,11 @@ pub fn verify_with(
     options: &ExternalSortOptions,
 ) -> Result<VerifyReport> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
-    let files = output_files(out_dir)?;
+    let _lock = lock_output_to_read(out_dir)?;
+    let files: Vec<PathBuf> = output_files(out_dir)?
+        .into_iter()
+        .map(|(_, path)| path)
+        .collect();
     let output_files = files.len();
     let scratch = options.scratch()?;
     let config = SortConfig::for_budget(options.memory_budget / 2);
@@ -311,6 +302,72 @@ mod tests {
         assert_eq!(report.final_rows, 3);
     }
 
+    /// Names outside the replay's rule are not output, however much they look like it; a
+    /// `.tmp` is not published.
+    #[test]
+    fn reads_the_replays_output_names_only() {
+        let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[log(CHANGES)]);
+        let ds = Dataset::open(ds_dir.path()).unwrap();
+        let out = output(&correct());
+        let junk = log("4 + 4 d");
+        for name in [
+            "epoch-my-notes.parquet",
+            "epoch-10.parquet",
+            "epoch-99999999999999999999.parquet",
+            "epoch-00000000000000000005.parquet.tmp",
+        ] {
+            write_batch(&out.path().join("changes").join(name), &junk);
+        }
+        let report = verify(&ds, out.path()).unwrap();
+        assert_eq!((report.output_files, report.final_rows), (3, 3));
+        let c = crate::job::certify_output(&ds, out.path()).unwrap();
+        assert!(c.matches(), "{c:?}");
+    }
+
+    /// An output a replay holds (`OUT/.lock`) is refused, naming the holder; verify holds the
+    /// lock itself while it runs.
+    #[test]
+    fn a_locked_output_is_refused() {
+        let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[log(CHANGES)]);
+        let ds = Dataset::open(ds_dir.path()).unwrap();
+        let out = output(&correct());
+        let lock_file = out.path().join(crate::job::replay::OUT_LOCK_FILE);
+        let replay = crate::store::durable::DirLock::acquire_file(&lock_file).unwrap();
+        for err in [
+            verify(&ds, out.path()).unwrap_err(),
+            crate::job::certify_output(&ds, out.path()).unwrap_err(),
+        ] {
+            assert!(matches!(err, Error::Locked { .. }), "{err}");
+            assert!(err.to_string().contains(".lock"), "{err}");
+            assert!(
+                err.to_string().contains(&std::process::id().to_string()),
+                "{err}"
+            );
+        }
+        drop(replay);
+        verify(&ds, out.path()).unwrap();
+        crate::store::durable::DirLock::acquire_file(&lock_file).unwrap();
+    }
+
+    /// Scratch that cannot be made is an error naming where; a pass that spills leaves none.
+    /// (A spill that fails part way: `tests/cli.rs`, with a file size limit.)
+    #[test]
+    fn scratch_is_an_error_or_is_removed() {
+        let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[log(CHANGES)]);
+        let ds = Dataset::open(ds_dir.path()).unwrap();
+        let out = output(&correct());
+        let parent = tempfile::tempdir().unwrap();
+        // Not a directory: the pass cannot make its scratch, and says where.
+        let file = parent.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let err = verify_with(&ds, out.path(), &ExternalSortOptions::new(&file)).unwrap_err();
+        assert!(matches!(err, Error::Scratch { .. }), "{err}");
+        let options = ExternalSortOptions::new(parent.path()).with_memory_budget(1);
+        verify_with(&ds, out.path(), &options).unwrap();
+        let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the file is left: {left:?}");
+    }
+
     #[test]
     fn rejects_a_dropped_row() {
         let mut files = correct();
@@ -495,7 +552,7 @@ mod tests {
 
         pub(super) fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
             let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
-            let files = output_files(out_dir)?;
+            let files: Vec<_> = output_files(out_dir)?.into_iter().map(|f| f.1).collect();
             let output_files = files.len();
             let mut output = KeyedTable::<Box<[u8]>>::new(dataset.schema(), desc.pk().clone())?;
             let mut output_rows = 0u64;

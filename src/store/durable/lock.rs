@@ -38,15 +38,7 @@ impl DirLock {
             .map_err(|e| named(&path, e))?;
         match file.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = match holder.trim() {
-                    "" => "another process".to_string(),
-                    pid => format!("process {pid}"),
-                };
-                return Err(Error::Locked { path, holder });
-            }
+            Err(std::fs::TryLockError::WouldBlock) => return Err(locked(path, &mut file)),
             Err(std::fs::TryLockError::Error(e)) => return Err(named(&path, e).into()),
         }
         file.set_len(0).map_err(|e| named(&path, e))?;
@@ -54,6 +46,36 @@ impl DirLock {
         write!(file, "{}", std::process::id()).map_err(|e| named(&path, e))?;
         Ok(Self { _file: file })
     }
+
+    /// A shared lock through the existing file `path`, opened read-only, or who holds it
+    /// exclusively: for a reader of a directory it cannot write, which no
+    /// [`Self::acquire_file`] can lock while the reader holds this. `None`: there is no such
+    /// file (so no writer that locks through it can be running).
+    pub fn share_existing_file(path: &Path) -> Result<Option<Self>> {
+        let path = path.to_path_buf();
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(named(&path, e).into()),
+        };
+        match file.try_lock_shared() {
+            Ok(()) => Ok(Some(Self { _file: file })),
+            Err(std::fs::TryLockError::WouldBlock) => Err(locked(path, &mut file)),
+            Err(std::fs::TryLockError::Error(e)) => Err(named(&path, e).into()),
+        }
+    }
+}
+
+/// The error of a lock through `file` (at `path`) held by someone else, naming the holder
+/// the file names.
+fn locked(path: std::path::PathBuf, file: &mut File) -> Error {
+    let mut holder = String::new();
+    let _ = file.read_to_string(&mut holder);
+    let holder = match holder.trim() {
+        "" => "another process".to_string(),
+        pid => format!("process {pid}"),
+    };
+    Error::Locked { path, holder }
 }
 
 #[cfg(test)]
@@ -71,6 +93,28 @@ mod tests {
             "{err}"
         );
         drop(first);
+        DirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_shared_lock_excludes_an_exclusive_one_and_names_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        assert!(DirLock::share_existing_file(&path).unwrap().is_none());
+        let writer = DirLock::acquire(dir.path()).unwrap();
+        let err = DirLock::share_existing_file(&path).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{err}");
+        assert!(err.to_string().contains(&std::process::id().to_string()));
+        drop(writer);
+        let readers = [
+            DirLock::share_existing_file(&path).unwrap().unwrap(),
+            DirLock::share_existing_file(&path).unwrap().unwrap(),
+        ];
+        assert!(matches!(
+            DirLock::acquire(dir.path()),
+            Err(Error::Locked { .. })
+        ));
+        drop(readers);
         DirLock::acquire(dir.path()).unwrap();
     }
 }
