@@ -176,7 +176,7 @@ pub enum Error {
         "interrupted by {signal}: {}; run the same command again to resume",
         match .committed {
             Some(e) => format!("the state is committed up to epoch {e}"),
-            None => "nothing was committed yet".to_string(),
+            None => "nothing was committed by this run".to_string(),
         }
     )]
     Interrupted {

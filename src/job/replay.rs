@@ -376,9 +376,29 @@ pub async fn run_replay_until(
         StateChoice::Durable(dir) => NewDirs::of(&[&options.out, dir]),
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
+    let mut interrupted = std::pin::pin!(interrupted);
     let mut validation = match new_dirs {
         Some(_) => Validation::beside(dataset, desc)?,
-        None => Validation::first(dataset, &desc)?,
+        None => {
+            // Existing directories have something to lose: nothing is touched before the
+            // dataset is known good. A signal meanwhile stops the run at once.
+            let mut validation = Validation::first_in_background(dataset, desc)?;
+            while validation.is_running() {
+                tokio::select! {
+                    biased;
+                    signal = interrupted.as_mut() => {
+                        return Err(Error::Interrupted {
+                            signal: signal.name(),
+                            code: signal.exit_code(),
+                            committed: None,
+                        });
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            validation.finish()?;
+            validation
+        }
     };
     let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;
     if result.is_err()

@@ -71,9 +71,25 @@ fn validate(
 
 impl Validation {
     /// Validates `dataset` now, on this thread; `desc` is the job's table.
+    #[cfg(test)]
     pub fn first(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
         Ok(Self {
             state: State::Done(Box::new(validate(dataset, desc, None)?)),
+            failed: false,
+            snapshot_feed: None,
+        })
+    }
+
+    /// [`Self::first`] on a thread of its own, so that the caller can watch for signals
+    /// while it runs; nothing may be written before [`Self::finish`] succeeded.
+    pub fn first_in_background(dataset: &Dataset, desc: Arc<TableDesc>) -> Result<Self> {
+        let dataset = dataset.clone();
+        let thread = std::thread::Builder::new()
+            .name("backfill-validate".into())
+            .spawn(move || validate(&dataset, &desc, None))
+            .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
+        Ok(Self {
+            state: State::Running(thread),
             failed: false,
             snapshot_feed: None,
         })
