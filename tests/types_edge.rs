@@ -222,3 +222,69 @@ fn a_dictionary_distribution_key_is_refused_before_anything_is_written() {
     );
     assert!(!out.join("state").exists(), "{}", text(&o));
 }
+
+/// Writes the two datasets of item 8 at full size under `$HUGE_DIR` (2.2 GB on disk, 2.2 GB
+/// of memory to write): `plain` (265 KiB strings x 8,192 rows in one row group) and `dict`
+/// (a 565 kB string dictionary-encoded 8,192 times: 4.6 GB decoded from a small file). Run
+/// by hand: `HUGE_DIR=/tmp/huge cargo test --test types_edge -- --ignored huge`.
+#[test]
+#[ignore]
+fn write_huge_string_datasets() {
+    let Ok(dir) = std::env::var("HUGE_DIR") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    write_string_dataset(&dir.join("plain"), 8192, 265 << 10, false, 1024);
+    write_string_dataset(&dir.join("dict"), 8192, 565_000, true, 1024);
+}
+
+/// A dataset of `rows` rows `(k Int64, s Utf8)`, `s` `width` bytes (one repeated value when
+/// `repeated`, written dictionary-encoded; else distinct values, written plain), in one row
+/// group, written `per_batch` rows at a time; no changes.
+fn write_string_dataset(ds: &Path, rows: usize, width: usize, repeated: bool, per_batch: usize) {
+    std::fs::create_dir_all(ds).unwrap();
+    std::fs::write(
+        ds.join("dataset.json"),
+        r#"{"name": "s", "primary_key": ["k"], "distribution_key": ["k"]}"#,
+    )
+    .unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows))
+        .set_dictionary_enabled(repeated)
+        .set_dictionary_page_size_limit(width * 2)
+        .build();
+    let path = ds.join("snapshot/part-0.parquet");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut w =
+        ArrowWriter::try_new(File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
+    let mut start = 0;
+    while start < rows {
+        let n = per_batch.min(rows - start);
+        let strings = arrow_array::StringArray::from_iter_values((start..start + n).map(|i| {
+            let mut s = if repeated {
+                String::new()
+            } else {
+                format!("{i:08}")
+            };
+            s.extend(std::iter::repeat_n('x', width - s.len()));
+            s
+        }));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    start as i64..(start + n) as i64,
+                )),
+                Arc::new(strings),
+            ],
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        start += n;
+    }
+    w.close().unwrap();
+}
