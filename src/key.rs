@@ -30,7 +30,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float16Type, Float32Type, Float64Type};
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, BinaryArray, RecordBatch};
 use arrow_row::{RowConverter, Rows, SortField};
-use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
 
 use crate::error::{Error, Result};
 
@@ -87,6 +87,12 @@ pub struct PrimaryKey {
     indices: Vec<usize>,
     key_schema: SchemaRef,
     converter: Arc<RowConverter>,
+    /// The key columns as [`PrimaryKey::decode`] returns them (see
+    /// [`PrimaryKey::decoded_schema`]).
+    decoded_schema: SchemaRef,
+    /// A converter of the decoded types, when they differ from the key's: it encodes decoded
+    /// columns to the same bytes as the key's converter encodes the key's columns.
+    decoded_converter: Option<Arc<RowConverter>>,
 }
 
 impl PrimaryKey {
@@ -131,11 +137,29 @@ impl PrimaryKey {
             sort_fields.push(sort_field);
         }
         let converter = RowConverter::new(sort_fields)?;
+        // arrow-row decodes a dictionary as its values (also inside structs and lists); an
+        // empty decode gives those types.
+        let decoded = converter.convert_rows(std::iter::empty())?;
+        let decoded_fields: Vec<Field> = (fields.iter().zip(&decoded))
+            .map(|(f, c)| f.clone().with_data_type(c.data_type().clone()))
+            .collect();
+        let decoded_converter = if (fields.iter().zip(&decoded_fields))
+            .all(|(f, d)| f.data_type() == d.data_type())
+        {
+            None
+        } else {
+            let decoded_sorts = (columns.iter().zip(&decoded_fields))
+                .map(|(c, d)| SortField::new_with_options(d.data_type().clone(), c.sort_options()))
+                .collect();
+            Some(Arc::new(RowConverter::new(decoded_sorts)?))
+        };
         Ok(Self {
             columns,
             indices,
             key_schema: Arc::new(Schema::new(fields)),
             converter: Arc::new(converter),
+            decoded_schema: Arc::new(Schema::new(decoded_fields)),
+            decoded_converter,
         })
     }
 
@@ -152,6 +176,15 @@ impl PrimaryKey {
     /// The schema of the key columns alone (the typed form of a position).
     pub fn key_schema(&self) -> &SchemaRef {
         &self.key_schema
+    }
+
+    /// The key columns as [`PrimaryKey::decode`] returns them, the typed form keys are
+    /// persisted in ([`Position::to_batch`], a run file's block index): the key's types, except
+    /// that dictionaries are their values (arrow-row does not keep dictionaries, and a
+    /// dictionary with narrow keys could not hold the many values of an index).
+    /// [`PrimaryKey::encode_key_columns`] takes columns of these types too.
+    pub fn decoded_schema(&self) -> &SchemaRef {
+        &self.decoded_schema
     }
 
     /// The shared row converter.
@@ -208,16 +241,32 @@ impl PrimaryKey {
         Ok(encoded.try_into_binary()?)
     }
 
-    /// Encodes key columns (in key order) given directly. Float columns are normalised
-    /// first ([`canonical_floats`]).
+    /// Encodes key columns (in key order) given directly, of the key's types or of the
+    /// [`PrimaryKey::decoded_schema`]'s (dictionaries as their values: the same bytes). Float
+    /// columns are normalised first ([`canonical_floats`]).
     pub fn encode_key_columns(&self, columns: &[ArrayRef]) -> Result<BinaryArray> {
-        let rows = self
-            .converter
-            .convert_columns(&canonical_float_columns(columns))?;
+        let converter = match &self.decoded_converter {
+            Some(decoded) if !same_types(columns, &self.key_schema) => {
+                if !same_types(columns, &self.decoded_schema) {
+                    return Err(Error::SchemaMismatch {
+                        context: "key columns to encode".into(),
+                        expected: format!("{:?} or {:?}", self.key_schema, self.decoded_schema),
+                        found: format!(
+                            "{:?}",
+                            columns.iter().map(|c| c.data_type()).collect::<Vec<_>>()
+                        ),
+                    });
+                }
+                decoded
+            }
+            _ => &self.converter,
+        };
+        let rows = converter.convert_columns(&canonical_float_columns(columns))?;
         Ok(rows.try_into_binary()?)
     }
 
-    /// Decodes encoded keys back into typed key columns.
+    /// Decodes encoded keys back into typed key columns, of the types of
+    /// [`PrimaryKey::decoded_schema`] (dictionaries as their values).
     ///
     /// The keys must come from this key's [`PrimaryKey::encode`] (or a [`Position`] made from
     /// it); bytes from anywhere else are rejected by construction of [`Position`].
@@ -251,13 +300,15 @@ impl Position {
         &self.0
     }
 
-    /// The typed, persistable form: a one-row batch of the key columns.
+    /// The typed, persistable form: a one-row batch of the key columns, of the types of
+    /// [`PrimaryKey::decoded_schema`].
     pub fn to_batch(&self, pk: &PrimaryKey) -> Result<RecordBatch> {
         let columns = pk.decode([self.as_bytes()])?;
-        Ok(RecordBatch::try_new(pk.key_schema().clone(), columns)?)
+        Ok(RecordBatch::try_new(pk.decoded_schema().clone(), columns)?)
     }
 
-    /// Re-encodes row `row` of a typed key batch (as made by [`Position::to_batch`]).
+    /// Re-encodes row `row` of a typed key batch (as made by [`Position::to_batch`], or of
+    /// the key's own types).
     pub fn from_batch(pk: &PrimaryKey, batch: &RecordBatch, row: usize) -> Result<Self> {
         if row >= batch.num_rows() {
             return Err(Error::CorruptState {
@@ -267,13 +318,9 @@ impl Position {
         }
         let expected = pk.key_schema();
         let found = batch.schema();
-        let same_types = found.fields().len() == expected.fields().len()
-            && found
-                .fields()
-                .iter()
-                .zip(expected.fields())
-                .all(|(a, b)| a.data_type() == b.data_type());
-        if !same_types {
+        if !same_types(batch.columns(), expected)
+            && !same_types(batch.columns(), pk.decoded_schema())
+        {
             return Err(Error::SchemaMismatch {
                 context: "a persisted position".into(),
                 expected: format!("{expected:?}"),
@@ -284,6 +331,12 @@ impl Position {
         let keys = pk.encode_key_columns(&columns)?;
         Ok(Self::from_keys(&keys, 0))
     }
+}
+
+/// Whether `columns` have the types of `schema`'s fields, in order.
+fn same_types(columns: &[ArrayRef], schema: &Schema) -> bool {
+    columns.len() == schema.fields().len()
+        && (columns.iter().zip(schema.fields())).all(|(c, f)| c.data_type() == f.data_type())
 }
 
 /// `array` with SQL float equality made bitwise: for `Float16`, `Float32` and `Float64`
@@ -414,6 +467,68 @@ mod tests {
     use arrow_array::{Float64Array, Int32Array, Int64Array, StringArray};
     use arrow_schema::Field;
     use std::cmp::Ordering;
+
+    /// Issue 41 item 7: a dictionary key column decodes as its values, which encode to the
+    /// same bytes, so positions and a run file's index persist and read back; a dictionary
+    /// with 8-bit keys could not hold the 300 values decoded here.
+    #[test]
+    fn dictionary_keys_decode_as_their_values_and_encode_alike() {
+        use arrow_array::DictionaryArray;
+        use arrow_array::types::Int8Type;
+        let dictionary = DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8));
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", dictionary.clone(), true),
+        ]);
+        let pk = PrimaryKey::new(&schema, vec![KeyColumn::asc("a"), KeyColumn::desc("b")]).unwrap();
+        assert_eq!(pk.key_schema().field(1).data_type(), &dictionary);
+        assert_eq!(pk.decoded_schema().field(1).data_type(), &DataType::Utf8);
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        for part in 0..3 {
+            let values: Vec<Option<String>> = (0..100)
+                .map(|i| (i % 9 != 0).then(|| format!("v{}", part * 100 + i)))
+                .collect();
+            let b = DictionaryArray::<Int8Type>::new(
+                arrow_array::Int8Array::from_iter_values(0..100),
+                Arc::new(StringArray::from(values)),
+            );
+            let batch = RecordBatch::try_new(
+                Arc::new(schema.clone()),
+                vec![Arc::new(Int64Array::from(vec![part; 100])), Arc::new(b)],
+            )
+            .unwrap();
+            encoded.extend(
+                pk.encode(&batch)
+                    .unwrap()
+                    .iter()
+                    .map(|k| k.unwrap().to_vec()),
+            );
+        }
+        let decoded = pk.decode(encoded.iter().map(|k| k.as_slice())).unwrap();
+        assert_eq!(decoded[1].data_type(), &DataType::Utf8);
+        assert_eq!(decoded[1].len(), 300);
+        let again = pk.encode_key_columns(&decoded).unwrap();
+        let again: Vec<&[u8]> = again.iter().map(|k| k.unwrap()).collect();
+        assert_eq!(
+            again,
+            encoded.iter().map(|k| k.as_slice()).collect::<Vec<_>>()
+        );
+        for key in &encoded {
+            let pos = Position::from_bytes(key);
+            let batch = pos.to_batch(&pk).unwrap();
+            assert_eq!(batch.schema(), *pk.decoded_schema());
+            assert_eq!(Position::from_batch(&pk, &batch, 0).unwrap(), pos);
+        }
+        // Columns of neither type are an error, not a panic.
+        let wrong: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1])),
+            Arc::new(Int32Array::from(vec![1])),
+        ];
+        assert!(matches!(
+            pk.encode_key_columns(&wrong),
+            Err(Error::SchemaMismatch { .. })
+        ));
+    }
 
     #[test]
     fn key_prefixes_order_like_their_keys() {

@@ -346,7 +346,8 @@ impl ProgressCodec {
     /// vnodes.
     pub fn new(name: &str, pk: &PrimaryKey, vnode_count: VnodeCount) -> Result<Self> {
         let mut fields = vec![Field::new("vnode", DataType::UInt16, false)];
-        for field in pk.key_schema().fields() {
+        // Positions are kept in their decoded types (dictionaries as their values).
+        for field in pk.decoded_schema().fields() {
             fields.push(Field::new(
                 format!("pos_{}", field.name()),
                 field.data_type().clone(),
@@ -397,7 +398,7 @@ impl ProgressCodec {
         }
         let decoded = if positions.is_empty() {
             self.pk
-                .key_schema()
+                .decoded_schema()
                 .fields()
                 .iter()
                 .map(|f| arrow_array::new_empty_array(f.data_type()))
@@ -441,7 +442,7 @@ impl ProgressCodec {
             VnodeProgress::Completed { rows }
         } else {
             let key = RecordBatch::try_new(
-                self.pk.key_schema().clone(),
+                self.pk.decoded_schema().clone(),
                 batch.columns()[1..=key_width].to_vec(),
             )
             .map_err(|e| corrupt(format!("position of vnode {vnode}: {e}")))?;

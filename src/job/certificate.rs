@@ -179,7 +179,7 @@ impl TableDigest {
         let schema = desc.schema();
         for (_, path) in files {
             let mut reader = crate::replay::files::open_reader(&path, batch_rows)?;
-            while let Some(batch) = crate::replay::files::next_batch(&mut reader, &path) {
+            while let Some(batch) = reader.next_batch() {
                 // Batches of a file may end between the two halves of an update pair, so
                 // they are not read as chunks: only each row's op and values count here.
                 let batch = batch?;

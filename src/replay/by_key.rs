@@ -818,10 +818,12 @@ impl KeyFold {
 
     /// `(key=value, ...)` of an encoded key.
     pub fn describe_key(&self, key: &[u8]) -> String {
-        let decoded = self
-            .pk
-            .decode([key])
-            .and_then(|columns| Ok(RecordBatch::try_new(self.pk.key_schema().clone(), columns)?));
+        let decoded = self.pk.decode([key]).and_then(|columns| {
+            Ok(RecordBatch::try_new(
+                self.pk.decoded_schema().clone(),
+                columns,
+            )?)
+        });
         match decoded {
             Ok(batch) => describe_row(&batch, &(0..batch.num_columns()).collect::<Vec<_>>(), 0),
             Err(_) => "(?)".into(),

@@ -16,9 +16,8 @@ use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int8Type, UInt64Type};
-use arrow_array::{Array, RecordBatch, RecordBatchReader};
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 
 use super::files;
 use crate::chunk::{EPOCH_COLUMN, OP_COLUMN, Op};
@@ -119,7 +118,7 @@ impl ChangelogRows {
 
 struct OpenFile {
     path: PathBuf,
-    reader: ParquetRecordBatchReader,
+    reader: files::BatchReader,
     rows_read: u64,
 }
 
@@ -163,7 +162,7 @@ impl ChangelogReader {
     fn next_raw(&mut self) -> Result<Option<(PathBuf, u64, RecordBatch)>> {
         loop {
             if let Some(file) = &mut self.current {
-                match files::next_batch(&mut file.reader, &file.path) {
+                match file.reader.next_batch() {
                     Some(batch) => {
                         let batch = batch?;
                         let first_row = file.rows_read;

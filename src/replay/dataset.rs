@@ -21,9 +21,8 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
-use arrow_array::{RecordBatch, RecordBatchReader};
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
 
 use super::changelog::{self, ChangelogReader, ChangelogRows};
 use super::files;
@@ -243,17 +242,25 @@ impl Dataset {
         &self,
         batch_size: usize,
     ) -> Result<impl Iterator<Item = Result<EpochChunk>> + Send + 'static> {
-        Ok(ChangeChunks {
+        Ok(self.change_chunks(batch_size, files::GATHER_BYTES))
+    }
+
+    /// [`Dataset::read_changes`], a chunk also ending once its strings hold `max_bytes`
+    /// (see [`files::GATHER_BYTES`]).
+    fn change_chunks(&self, batch_size: usize, max_bytes: usize) -> ChangeChunks {
+        ChangeChunks {
             reader: self.changelog(batch_size),
             batch_size: batch_size.max(1),
             pending: Vec::new(),
             pending_ops: Vec::new(),
             pending_rows: 0,
+            pending_bytes: 0,
+            max_bytes: max_bytes.max(1),
             pending_epoch: None,
             ready: VecDeque::new(),
             schema: self.schema.clone(),
             failed: false,
-        })
+        }
     }
 
     /// The raw checked changelog stream.
@@ -273,7 +280,7 @@ impl Dataset {
         let schema = self.schema.clone();
         let float_keys = self.float_keys.clone();
         Ok(std::iter::from_fn(move || {
-            files::next_batch(&mut reader, &path).map(|b| {
+            reader.next_batch().map(|b| {
                 b.and_then(|b| files::with_schema(&b, &schema, &path))
                     .map(|b| canonical_key_floats(b, &float_keys))
             })
@@ -335,7 +342,7 @@ struct SnapshotReader {
     schema: SchemaRef,
     float_keys: Vec<usize>,
     batch_size: usize,
-    current: Option<(usize, PathBuf, ParquetRecordBatchReader)>,
+    current: Option<(usize, PathBuf, files::BatchReader)>,
     failed: bool,
 }
 
@@ -343,7 +350,7 @@ impl SnapshotReader {
     fn step(&mut self) -> Result<Option<(usize, RecordBatch)>> {
         loop {
             if let Some((file, path, reader)) = &mut self.current {
-                match files::next_batch(reader, path) {
+                match reader.next_batch() {
                     Some(batch) => {
                         let batch = files::with_schema(&batch?, &self.schema, path)?;
                         return Ok(Some((*file, canonical_key_floats(batch, &self.float_keys))));
@@ -392,6 +399,12 @@ struct ChangeChunks {
     pending: Vec<RecordBatch>,
     pending_ops: Vec<Op>,
     pending_rows: usize,
+    /// Bytes of values of the pending rows' 32-bit-offset columns
+    /// ([`files::batch_offset_bytes`]).
+    pending_bytes: usize,
+    /// A chunk ends once its rows hold this many bytes of such values (or `batch_size`
+    /// rows): its columns must fit one array each.
+    max_bytes: usize,
     pending_epoch: Option<u64>,
     ready: VecDeque<EpochChunk>,
     schema: SchemaRef,
@@ -404,6 +417,7 @@ impl ChangeChunks {
             self.pending.push(rows.data.slice(start, end - start));
             self.pending_ops.extend_from_slice(&rows.ops[start..end]);
             self.pending_rows += end - start;
+            self.pending_bytes += files::batch_offset_bytes(&rows.data, start, end - start);
             self.pending_epoch = Some(rows.epochs[start]);
         }
     }
@@ -416,6 +430,7 @@ impl ChangeChunks {
         let ops = std::mem::take(&mut self.pending_ops);
         self.pending.clear();
         self.pending_rows = 0;
+        self.pending_bytes = 0;
         let chunk = StreamChunk::new(batch, ops)?;
         self.ready.push_back(EpochChunk { epoch, chunk });
         Ok(())
@@ -424,6 +439,10 @@ impl ChangeChunks {
     /// Splits one batch of rows into pending rows and ready chunks.
     fn cut(&mut self, rows: &ChangelogRows) -> Result<()> {
         let mut start = 0;
+        // Rows are counted in bytes too only when the batch could fill a chunk's bytes.
+        let heavy = self.pending_bytes
+            + files::batch_offset_bytes(&rows.data, 0, rows.data.num_rows())
+            >= self.max_bytes;
         for i in 0..rows.ops.len() {
             // The epoch of the chunk being built: rows start..i of this batch, or else the
             // pending rows of earlier batches (same epoch when both exist).
@@ -439,7 +458,12 @@ impl ChangeChunks {
                 start = i;
             }
             let len = self.pending_rows + (i + 1 - start);
-            if len >= self.batch_size && rows.ops[i] != Op::UpdateDelete {
+            let full = len >= self.batch_size
+                || (heavy
+                    && self.pending_bytes
+                        + files::batch_offset_bytes(&rows.data, start, i + 1 - start)
+                        >= self.max_bytes);
+            if full && rows.ops[i] != Op::UpdateDelete {
                 self.take(rows, start, i + 1);
                 self.flush()?;
                 start = i + 1;
@@ -735,6 +759,35 @@ mod tests {
             .map(|c| c.unwrap().epoch)
             .collect();
         assert_eq!(epochs, vec![1, 2, 5]);
+    }
+
+    /// Issue 41 item 8: a chunk also ends once its strings reach the byte limit (lowered
+    /// here to 3 bytes), still never inside an update pair or across epochs.
+    #[test]
+    fn read_changes_cuts_chunks_by_bytes_too() {
+        let texts = [
+            "1 + 10 aa\n1 U- 10 aa\n1 U+ 10 bb\n1 + 11 cc\n1 U- 11 cc\n1 U+ 11 dd",
+            "2 U- 10 bb\n2 U+ 10 ee\n2 - 11 dd\n2 + 12 ff\n2 U- 12 ff",
+            "2 U+ 12 gg\n2 - 12 gg\n5 + 13 jj",
+        ];
+        let files: Vec<RecordBatch> = texts.iter().map(|t| log(t)).collect();
+        let expected: String = (texts.iter().flat_map(|t| t.lines()))
+            .map(|l| l.split_once(' ').unwrap().1.to_string() + "\n")
+            .collect();
+        let dir = dataset(MANIFEST, &[rows("1 a")], &files);
+        let ds = Dataset::open(dir.path()).unwrap();
+        let mut text = String::new();
+        let mut sizes = Vec::new();
+        for chunk in ds.change_chunks(100, 3) {
+            let EpochChunk { chunk, .. } = chunk.unwrap();
+            sizes.push(chunk.num_rows());
+            // 2 bytes a row: a chunk ends at its second row, or its third to end a pair.
+            assert!(chunk.num_rows() <= 3, "{}", chunk.to_text().unwrap());
+            assert_ne!(chunk.ops().last(), Some(&Op::UpdateDelete));
+            text += &chunk.to_text().unwrap();
+        }
+        assert_eq!(text, expected);
+        assert!(sizes.len() >= 6, "{sizes:?}");
     }
 
     #[test]

@@ -14,8 +14,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, OffsetSizeTrait, RecordBatch, RecordBatchOptions};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
@@ -124,26 +126,214 @@ pub(crate) fn batch_rows(metadata: &ParquetMetaData, requested: usize, budget: u
 }
 
 /// A reader of `path` in batches of at most `batch_size` rows (fewer for large strings, see
-/// [`batch_rows`]).
-pub(crate) fn open_reader(path: &Path, batch_size: usize) -> Result<ParquetRecordBatchReader> {
-    let builder = builder(path)?;
-    let rows = batch_rows(builder.metadata(), batch_size, BATCH_BYTES_PER_COLUMN);
-    builder
-        .with_batch_size(rows)
-        .build()
-        .map_err(|e| unreadable(path, e))
+/// [`batch_rows`] and [`BatchReader`]).
+pub(crate) fn open_reader(path: &Path, batch_size: usize) -> Result<BatchReader> {
+    BatchReader::open(path, batch_size, BATCH_BYTES_PER_COLUMN)
 }
+
+/// A Parquet file's batches, bounded by rows and by bytes.
+///
+/// The batch size comes from the footer ([`batch_rows`]), whose sizes can be far below what
+/// a column decodes to: a dictionary-encoded column stores each distinct value once (a
+/// 100 kB file can decode to gigabytes). When a batch's strings overflow the 2 GiB an
+/// `i32`-offset array holds anyway, the same rows are read again in batches an eighth the
+/// size, and so on down to one row (the rest of the file keeps the smaller size); a single
+/// row that still overflows is an [`Error::Dataset`] naming the file, the row and the column.
+pub(crate) struct BatchReader {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    schema: SchemaRef,
+    /// Rows per batch now.
+    rows: usize,
+    /// The file's row the next batch starts at.
+    next_row: u64,
+    /// Rows in the file.
+    total_rows: u64,
+    /// Tests: a batch with more than this many bytes in a byte-array column fails as an
+    /// overflow would (a real one needs 2 GiB).
+    #[cfg(test)]
+    limit: Option<usize>,
+}
+
+/// How much smaller a batch is read again after an overflow.
+const SHRINK: usize = 8;
+
+impl BatchReader {
+    /// A reader of `path` in batches of at most `batch_size` rows and, by the footer's sizes,
+    /// `budget` bytes of each byte-array column.
+    pub(crate) fn open(path: &Path, batch_size: usize, budget: u64) -> Result<Self> {
+        let builder = builder(path)?;
+        let rows = batch_rows(builder.metadata(), batch_size, budget);
+        let total_rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+        let schema = builder.schema().clone();
+        let reader = (builder.with_batch_size(rows).build()).map_err(|e| unreadable(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            reader,
+            schema,
+            rows,
+            next_row: 0,
+            total_rows,
+            #[cfg(test)]
+            limit: None,
+        })
+    }
+
+    /// The file's Arrow schema.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The next batch, or `None` after the last; read errors name the file.
+    pub(crate) fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            let result = self.reader.next()?;
+            #[cfg(test)]
+            let result = result.and_then(|b| over_limit(b, self.limit));
+            match result {
+                Ok(batch) => {
+                    self.next_row += batch.num_rows() as u64;
+                    return Some(Ok(batch));
+                }
+                Err(e) if is_overflow(&e) && self.rows > 1 => {
+                    self.rows = (self.rows / SHRINK).max(1);
+                    match self.reader_from(self.next_row, None) {
+                        Ok(reader) => self.reader = reader,
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                Err(e) if is_overflow(&e) => return Some(Err(self.overflow(e))),
+                Err(e) => return Some(Err(unreadable(&self.path, e))),
+            }
+        }
+    }
+
+    /// A reader of the file from row `from` on, in batches of `self.rows`, of the leaf
+    /// column `leaf` alone if given.
+    fn reader_from(&self, from: u64, leaf: Option<usize>) -> Result<ParquetRecordBatchReader> {
+        let rest = self.total_rows.saturating_sub(from);
+        let count = |n: u64| usize::try_from(n).map_err(|e| unreadable(&self.path, e));
+        let selection = RowSelection::from(vec![
+            RowSelector::skip(count(from)?),
+            RowSelector::select(count(rest)?),
+        ]);
+        let mut builder = builder(&self.path)?.with_row_selection(selection);
+        if let Some(leaf) = leaf {
+            let mask = ProjectionMask::leaves(builder.parquet_schema(), [leaf]);
+            builder = builder.with_projection(mask);
+        }
+        (builder.with_batch_size(self.rows).build()).map_err(|e| unreadable(&self.path, e))
+    }
+
+    /// The error for a batch of one row (`self.next_row`) that still overflows, naming the
+    /// column whose read alone overflows.
+    fn overflow(&self, e: ArrowError) -> Error {
+        let column = self.culprit().map_or_else(
+            || "a string or binary column".to_string(),
+            |c| format!("column `{c}`"),
+        );
+        Error::dataset_caused_by(
+            &self.path,
+            format!("row {}", self.next_row),
+            format!(
+                "{column} holds more than 2 GiB in one row, more than an Arrow array of it \
+                 can hold; split the value, or store the column as large_string or \
+                 large_binary"
+            ),
+            e,
+        )
+    }
+
+    /// The first byte-array leaf column whose read alone, at the current row, overflows.
+    fn culprit(&self) -> Option<String> {
+        let metadata = builder(&self.path).ok()?.metadata().clone();
+        let descr = metadata.file_metadata().schema_descr();
+        (0..descr.num_columns())
+            .filter(|&i| {
+                matches!(
+                    descr.column(i).physical_type(),
+                    PhysicalType::BYTE_ARRAY | PhysicalType::FIXED_LEN_BYTE_ARRAY
+                )
+            })
+            .find(|&i| {
+                let Ok(mut reader) = self.reader_from(self.next_row, Some(i)) else {
+                    return false;
+                };
+                let result = reader.next();
+                #[cfg(test)]
+                let result = result.map(|r| r.and_then(|b| over_limit(b, self.limit)));
+                matches!(result, Some(Err(e)) if is_overflow(&e))
+            })
+            .map(|i| descr.column(i).path().string())
+    }
+}
+
+/// Whether a read error is a byte-array column overflowing its offsets (the Parquet decoder
+/// says "index overflow decoding byte array"; Arrow kernels "Offset overflow").
+fn is_overflow(e: &ArrowError) -> bool {
+    let message = e.to_string();
+    message.contains("index overflow decoding byte array") || message.contains("Offset overflow")
+}
+
+/// Tests: `batch`, or the decoder's overflow error when a column of it holds more than
+/// `limit` bytes of values.
+#[cfg(test)]
+fn over_limit(
+    batch: RecordBatch,
+    limit: Option<usize>,
+) -> std::result::Result<RecordBatch, ArrowError> {
+    let over = |c: &ArrayRef| limit.is_some_and(|l| offset_bytes(c.as_ref(), 0, c.len()) > l);
+    if batch.columns().iter().any(over) {
+        Err(ArrowError::ParquetError(
+            "Parquet error: index overflow decoding byte array".into(),
+        ))
+    } else {
+        Ok(batch)
+    }
+}
+
+/// The bytes of values of rows `start..start + len` of a column whose values have 32-bit
+/// offsets (`Utf8`, `Binary`: at most 2 GiB in one array); 0 for any other column.
+pub(crate) fn offset_bytes(column: &dyn Array, start: usize, len: usize) -> usize {
+    fn span<O: OffsetSizeTrait>(offsets: &[O], start: usize, end: usize) -> usize {
+        match (offsets.get(start), offsets.get(end)) {
+            (Some(a), Some(b)) => (*b - *a).as_usize(),
+            _ => 0,
+        }
+    }
+    match column.data_type() {
+        DataType::Utf8 => span(
+            column.as_string::<i32>().value_offsets(),
+            start,
+            start + len,
+        ),
+        DataType::Binary => span(
+            column.as_binary::<i32>().value_offsets(),
+            start,
+            start + len,
+        ),
+        _ => 0,
+    }
+}
+
+/// The bytes of values of rows `start..start + len` of `batch` in its columns with 32-bit
+/// offsets ([`offset_bytes`]), summed: O(columns).
+pub(crate) fn batch_offset_bytes(batch: &RecordBatch, start: usize, len: usize) -> usize {
+    (batch.columns().iter())
+        .map(|c| offset_bytes(c.as_ref(), start, len))
+        .sum()
+}
+
+/// The most bytes of values in 32-bit-offset columns that rows gathered into one batch may
+/// hold; more are handed on in pieces (1 GiB: half of what such an array holds).
+pub(crate) const GATHER_BYTES: usize = 1 << 30;
 
 /// Row `row` (from 0) of the Parquet file `path`, alone in a batch with the file's schema.
 pub(crate) fn read_row(path: &Path, row: u64) -> Result<RecordBatch> {
-    let skip = usize::try_from(row).map_err(|e| unreadable(path, e))?;
-    let selection = RowSelection::from(vec![RowSelector::skip(skip), RowSelector::select(1)]);
-    let mut reader = builder(path)?
-        .with_row_selection(selection)
-        .with_batch_size(1)
-        .build()
-        .map_err(|e| unreadable(path, e))?;
-    match next_batch(&mut reader, path) {
+    let mut reader = BatchReader::open(path, 1, BATCH_BYTES_PER_COLUMN)?;
+    reader.reader = reader.reader_from(row, None)?;
+    reader.next_row = row;
+    match reader.next_batch() {
         Some(batch) => batch,
         None => Err(Error::dataset(
             path,
@@ -151,14 +341,6 @@ pub(crate) fn read_row(path: &Path, row: u64) -> Result<RecordBatch> {
             "the file has fewer rows than when it was read",
         )),
     }
-}
-
-/// The next batch of `reader`, with read errors naming `path`.
-pub(crate) fn next_batch(
-    reader: &mut ParquetRecordBatchReader,
-    path: &Path,
-) -> Option<Result<RecordBatch>> {
-    reader.next().map(|r| r.map_err(|e| unreadable(path, e)))
 }
 
 /// True when `a` and `b` have the same field names and types, in order (nullability,
@@ -298,12 +480,117 @@ mod tests {
         );
     }
 
+    /// Issue 41 item 8: a batch whose strings overflow (here: more than a lowered limit) is
+    /// read again, the same rows, in batches an eighth the size; every row comes once, in
+    /// order.
+    #[test]
+    fn an_overflowing_batch_is_read_again_in_smaller_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file(dir.path(), 100, 1000, 100);
+        let mut reader = BatchReader::open(&path, 64, BATCH_BYTES_PER_COLUMN).unwrap();
+        reader.limit = Some(20_000);
+        let mut sizes = Vec::new();
+        let mut keys = Vec::new();
+        while let Some(batch) = reader.next_batch() {
+            let batch = batch.unwrap();
+            sizes.push(batch.num_rows());
+            let k = batch
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            keys.extend(k.values().iter().copied());
+        }
+        assert_eq!(keys, (0..100).collect::<Vec<i64>>());
+        assert!(
+            sizes.iter().all(|&n| n == 8) || sizes[..12] == [8; 12],
+            "{sizes:?}"
+        );
+    }
+
+    /// A single row that still overflows is an `Error::Dataset` naming the file, the row and
+    /// the column (found by reading each byte-array column alone).
+    #[test]
+    fn a_row_that_overflows_alone_names_the_file_row_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wide.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("small", DataType::Utf8, false),
+            Field::new("big", DataType::Binary, false),
+        ]));
+        let big: Vec<Vec<u8>> = (0..50)
+            .map(|i| vec![b'x'; if i == 37 { 5000 } else { 10 }])
+            .collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..50)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..50).map(|i| format!("s{i}")),
+                )),
+                Arc::new(arrow_array::BinaryArray::from_iter_values(big.iter())),
+            ],
+        )
+        .unwrap();
+        let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let mut reader = BatchReader::open(&path, 16, BATCH_BYTES_PER_COLUMN).unwrap();
+        reader.limit = Some(2000);
+        let mut rows = 0;
+        let err = loop {
+            match reader.next_batch() {
+                Some(Ok(batch)) => rows += batch.num_rows(),
+                Some(Err(e)) => break e,
+                None => panic!("no error"),
+            }
+        };
+        // Rows before the bad one were all handed out.
+        assert_eq!(rows, 37);
+        assert!(matches!(err, Error::Dataset { .. }), "{err:?}");
+        let message = err.to_string();
+        for needle in [
+            "wide.parquet",
+            "row 37",
+            "column `big`",
+            "2 GiB",
+            "large_binary",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+        // The decoder's own message, unmapped, is an overflow too.
+        assert!(is_overflow(&ArrowError::ParquetError(
+            "General: index overflow decoding byte array".into()
+        )));
+        assert!(is_overflow(&ArrowError::InvalidArgumentError(
+            "Offset overflow error: 2222981120".into()
+        )));
+    }
+
+    /// A real file (`$HUGE_FILE`, such as the `dict` dataset `tests/types_edge.rs` writes)
+    /// read whole, batch sizes printed. By hand: `HUGE_FILE=... cargo test --lib -- --ignored
+    /// reads_a_huge_file`.
+    #[test]
+    #[ignore]
+    fn reads_a_huge_file() {
+        let Ok(path) = std::env::var("HUGE_FILE") else {
+            return;
+        };
+        let mut reader = open_reader(Path::new(&path), 8192).unwrap();
+        let mut sizes = Vec::new();
+        while let Some(batch) = reader.next_batch() {
+            sizes.push(batch.unwrap().num_rows());
+        }
+        eprintln!("batches of {sizes:?} rows");
+    }
+
     #[test]
     fn open_reader_uses_the_bounded_batch_size() {
         let dir = tempfile::tempdir().unwrap();
         let path = file(dir.path(), 100, 8, 100);
-        let reader = open_reader(&path, 30).unwrap();
-        let sizes: Vec<usize> = reader.map(|b| b.unwrap().num_rows()).collect();
+        let mut reader = open_reader(&path, 30).unwrap();
+        let sizes: Vec<usize> = std::iter::from_fn(|| reader.next_batch())
+            .map(|b| b.unwrap().num_rows())
+            .collect();
         assert_eq!(sizes, [30, 30, 30, 10]);
     }
 

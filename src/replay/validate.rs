@@ -30,6 +30,7 @@
 use super::by_key::{KeyedChanges, Payload, first_violation_of};
 use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
+use super::files;
 use super::prefetch::Prefetch;
 use super::touched::changed_keys;
 use crate::chunk::Op;
@@ -252,29 +253,39 @@ impl Chunk {
         summary: &mut DatasetSummary,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
     ) -> Result<Result<()>> {
-        let batch = match self.pieces.as_slice() {
+        let bytes: usize = (self.pieces.iter())
+            .map(|p| files::batch_offset_bytes(p, 0, p.num_rows()))
+            .sum();
+        let batches = match self.pieces.as_slice() {
             [] => return Ok(Ok(())),
-            [one] => one.clone(),
+            [one] => vec![one.clone()],
+            // Pieces whose strings one array might not hold go on as they are.
+            many if bytes > files::GATHER_BYTES => many.to_vec(),
             // Batches that do not fall on chunk boundaries: one copy of the chunk.
-            many => arrow_select::concat::concat_batches(&many[0].schema(), many)?,
+            many => vec![arrow_select::concat::concat_batches(
+                &many[0].schema(),
+                many,
+            )?],
         };
         let path = dataset
             .snapshot_files()
             .get(self.file)
             .ok_or_else(|| internal!("snapshot file {} out of range", self.file))?;
-        let mut pushed = rows.push_snapshot(path, self.first_row, &batch)?;
-        if let Some(until) = rows.left_out_until() {
-            // The snapshot's key order broke in this chunk: the rows left out of the sort
-            // before it go in first, then the chunk.
-            push_left_out(dataset, rows, until)?;
-            pushed = rows.push_snapshot(path, self.first_row, &batch)?;
+        for batch in &batches {
+            let mut pushed = rows.push_snapshot(path, self.first_row, batch)?;
+            if let Some(until) = rows.left_out_until() {
+                // The snapshot's key order broke in this chunk: the rows left out of the
+                // sort before it go in first, then the chunk.
+                push_left_out(dataset, rows, until)?;
+                pushed = rows.push_snapshot(path, self.first_row, batch)?;
+            }
+            if let Err(e) = pushed {
+                return Ok(Err(e));
+            }
+            observe(Observed::Snapshot(batch, rows.certificate_hashes()))?;
+            summary.snapshot_rows += batch.num_rows() as u64;
+            self.first_row += batch.num_rows() as u64;
         }
-        if let Err(e) = pushed {
-            return Ok(Err(e));
-        }
-        observe(Observed::Snapshot(&batch, rows.certificate_hashes()))?;
-        summary.snapshot_rows += self.rows as u64;
-        self.first_row += self.rows as u64;
         self.pieces.clear();
         self.rows = 0;
         Ok(Ok(()))

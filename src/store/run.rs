@@ -594,6 +594,42 @@ impl RunList for Vec<Arc<Run>> {
     }
 }
 
+/// The error for chunks whose concatenation failed with `e`: an [`Error::InvalidValue`]
+/// naming the column when a string or binary column holds more than `limit` bytes (one
+/// array holds 2 GiB), `e` otherwise.
+fn too_large(desc: &TableDesc, chunks: &[StreamChunk], e: Error, limit: usize) -> Error {
+    if !e.to_string().contains("Offset overflow") {
+        return e;
+    }
+    let bytes = |i: usize| -> usize {
+        (chunks.iter())
+            .map(|c| {
+                let column = c.batch().column(i);
+                let span = |offsets: &[i32]| match (offsets.first(), offsets.last()) {
+                    (Some(&a), Some(&b)) => usize::try_from(b - a).unwrap_or(0),
+                    _ => 0,
+                };
+                match column.data_type() {
+                    DataType::Utf8 => span(column.as_string::<i32>().value_offsets()),
+                    DataType::Binary => span(column.as_binary::<i32>().value_offsets()),
+                    _ => 0,
+                }
+            })
+            .sum()
+    };
+    match (0..desc.schema().fields().len()).find(|&i| bytes(i) > limit) {
+        Some(i) => Error::InvalidValue {
+            column: desc.schema().field(i).name().clone(),
+            message: format!(
+                "one epoch writes more than 2 GiB of it to table `{}`, which the in-memory \
+                 store keeps in one array; use the durable store",
+                desc.name()
+            ),
+        },
+        None => e,
+    }
+}
+
 /// Chunks buffered with their rows' vnodes, in write order, as one chunk and its vnodes;
 /// `None` when nothing is buffered.
 fn concat_pending(
@@ -604,7 +640,8 @@ fn concat_pending(
         return Ok(None);
     }
     let chunks: Vec<StreamChunk> = pending.iter().map(|(c, _)| c.clone()).collect();
-    let all = StreamChunk::concat(desc.schema(), &chunks)?;
+    let all = StreamChunk::concat(desc.schema(), &chunks)
+        .map_err(|e| too_large(desc, &chunks, e, i32::MAX as usize))?;
     let vnodes = pending
         .iter()
         .flat_map(|(_, v)| v.iter().copied())
@@ -1047,6 +1084,54 @@ mod tests {
     use super::*;
     use arrow_array::{BinaryArray, Int64Array};
     use arrow_schema::{Field, Schema};
+
+    /// Issue 41 item 8: an epoch whose strings overflow one array (here: a lowered limit)
+    /// is an error naming the column, exit status 2, not a bare Arrow error.
+    #[test]
+    fn an_overflowing_concatenation_names_the_column() {
+        use arrow_array::StringArray;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let desc =
+            TableDesc::new("t", schema.clone(), vec![crate::key::KeyColumn::asc("k")]).unwrap();
+        let chunk = |k: i64| {
+            StreamChunk::inserts(
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(vec![k])),
+                        Arc::new(StringArray::from(vec!["0123456789"])),
+                    ],
+                )
+                .unwrap(),
+            )
+        };
+        let chunks = [chunk(1), chunk(2)];
+        let overflow = || {
+            Error::Arrow(arrow_schema::ArrowError::InvalidArgumentError(
+                "Offset overflow error: 20".into(),
+            ))
+        };
+        let err = too_large(&desc, &chunks, overflow(), 15);
+        assert!(
+            matches!(&err, Error::InvalidValue { column, .. } if column == "s"),
+            "{err:?}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("durable store"), "{err}");
+        // Within the limit, or another error: passed on as it is.
+        assert!(matches!(
+            too_large(&desc, &chunks, overflow(), 20),
+            Error::Arrow(_)
+        ));
+        let other = Error::Internal("x".into());
+        assert!(matches!(
+            too_large(&desc, &chunks, other, 15),
+            Error::Internal(_)
+        ));
+    }
 
     #[test]
     fn a_merge_takes_the_newest_runs_back_to_a_bigger_tier() {

@@ -21,7 +21,8 @@
 //!                                      vnode u16, rows u32, offset u64, len u64, crc u32
 //!                                      (of the record batch holding the block),
 //!                                      start u32 (the block's first row in that batch),
-//!                                      key_0.. = the block's last primary key (typed)
+//!                                      key_0.. = the block's last primary key (typed;
+//!                                      dictionaries as their values)
 //!     arrangement_backfill.header_crc  CRC-32 of the header bytes
 //! ```
 //!
@@ -497,7 +498,7 @@ impl RunFileWriter {
         self.end_run();
         self.flush_pack()?;
         let keys = self.key_columns()?;
-        let index = index_batch(&self.blocks, &keys, self.desc.pk().key_schema())?;
+        let index = index_batch(&self.blocks, &keys, self.desc.pk().decoded_schema())?;
         self.writer
             .write_metadata(INDEX_KEY, hex_encode(&ipc_stream(&index)?));
         self.writer
@@ -545,7 +546,7 @@ impl RunFileWriter {
             return Ok(self
                 .desc
                 .pk()
-                .key_schema()
+                .decoded_schema()
                 .fields()
                 .iter()
                 .map(|f| arrow_array::new_empty_array(f.data_type()))
@@ -1077,7 +1078,7 @@ fn parse_index(
         blocks.push(b);
     }
     let mut keys = Vec::with_capacity(key_fields);
-    for (i, field) in desc.pk().key_schema().fields().iter().enumerate() {
+    for (i, field) in desc.pk().decoded_schema().fields().iter().enumerate() {
         let c = index.column(fixed + i);
         if c.data_type() != field.data_type() {
             return Err(format!("block index key column {i} has the wrong type"));

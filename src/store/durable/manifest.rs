@@ -217,11 +217,18 @@ impl TableEntry {
             })
             .collect();
         let vnodes = VnodeCount::new(self.vnode_count).map_err(|e| bad(e.to_string()))?;
-        let desc =
-            TableDesc::new(self.name.clone(), schema, key).map_err(|e| bad(e.to_string()))?;
+        // Built with its own distribution from the start: `TableDesc::new` would distribute
+        // by the whole key, and refuse a key column only the distribution must not have (a
+        // dictionary, say) in a table distributed by other columns.
+        let name = self.name.clone();
         let desc = match &self.distribution {
-            DistributionEntry::Hash(columns) => desc.with_distribution_key(columns),
-            DistributionEntry::VnodeColumn(column) => desc.with_vnode_column(column),
+            DistributionEntry::Hash(columns) => {
+                TableDesc::with_distribution(name, schema, key, columns)
+            }
+            DistributionEntry::VnodeColumn(column) => {
+                TableDesc::with_distribution(name, schema, key, &[] as &[&str])
+                    .and_then(|desc| desc.with_vnode_column(column))
+            }
         }
         .map_err(|e| bad(e.to_string()))?;
         Ok(desc.with_vnode_count(vnodes))
@@ -453,6 +460,44 @@ mod tests {
         );
         std::fs::write(&path, &bytes[..10]).unwrap();
         assert!(Manifest::load(&io, dir.path()).is_err());
+    }
+
+    /// Issue 41 item 7: a key column the distribution key leaves out need not be hashable,
+    /// and a manifest naming such a table reads back (it was refused as corrupt).
+    #[test]
+    fn a_table_with_an_unhashable_key_column_outside_its_distribution_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = RealIo;
+        let dictionary = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::UInt16, false),
+            Field::new("b", dictionary, false),
+            Field::new("c", DataType::FixedSizeBinary(2), false),
+        ]));
+        let key = || {
+            vec![
+                KeyColumn::asc("a"),
+                KeyColumn::asc("b"),
+                KeyColumn::asc("c"),
+            ]
+        };
+        let hashed = TableDesc::with_distribution("t", schema.clone(), key(), &["a"]).unwrap();
+        let by_column = TableDesc::with_distribution("p", schema.clone(), key(), &[] as &[&str])
+            .unwrap()
+            .with_vnode_column("a")
+            .unwrap();
+        let mut m = Manifest::empty();
+        for desc in [&hashed, &by_column] {
+            m.tables.push(TableEntry::of(desc).unwrap());
+        }
+        m.store(&io, dir.path()).unwrap();
+        let back = Manifest::load(&io, dir.path()).unwrap().unwrap();
+        for (entry, desc) in back.tables.iter().zip([&hashed, &by_column]) {
+            let d = entry.desc(dir.path()).unwrap();
+            assert!(same_schema(d.schema(), desc.schema()));
+            assert_eq!(d.pk().columns(), desc.pk().columns());
+            assert_eq!(d.distribution(), desc.distribution());
+        }
     }
 
     #[test]

@@ -1,0 +1,290 @@
+//! Issue 41 items 7 and 8: dictionary key columns on the durable store, and string data too
+//! large for one Arrow batch. Each case runs the `backfill` binary on a dataset made here.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow_array::builder::StringDictionaryBuilder;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, Int8Array, Int64Array, RecordBatch, UInt64Array};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::properties::WriterProperties;
+
+fn backfill(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = backfill(args);
+    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
+    o
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+fn dictionary(values: impl IntoIterator<Item = String>) -> ArrayRef {
+    let mut b = StringDictionaryBuilder::<Int32Type>::new();
+    for v in values {
+        b.append_value(v);
+    }
+    Arc::new(b.finish())
+}
+
+/// The columns `a` (Int64), `b` (Dictionary(Int32, Utf8)), `c` (Dictionary(Int32, Utf8)),
+/// `v` (Int64) of rows `(a, b, v)`, `c` a label derived from `v`.
+fn table(rows: &[(i64, String, i64)], prefix: &[&str]) -> (Vec<Field>, Vec<ArrayRef>) {
+    let dict = || DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for name in prefix {
+        fields.push(match *name {
+            "_epoch" => Field::new("_epoch", DataType::UInt64, false),
+            _ => Field::new("_op", DataType::Int8, false),
+        });
+    }
+    fields.extend([
+        Field::new("a", DataType::Int64, false),
+        Field::new("b", dict(), false),
+        Field::new("c", dict(), true),
+        Field::new("v", DataType::Int64, true),
+    ]);
+    columns.extend([
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+        dictionary(rows.iter().map(|r| r.1.clone())),
+        dictionary(rows.iter().map(|r| format!("label-{}", r.2 % 5))),
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+    ]);
+    (fields, columns)
+}
+
+/// A dataset with primary key (a, b), `b` a dictionary, distributed by `distribution`: a
+/// snapshot of 2,000 rows and a changelog of three epochs (inserts, updates, deletes).
+fn dictionary_key_dataset(dir: &Path, distribution: &str) -> PathBuf {
+    let ds = dir.join(format!("dict-{distribution}"));
+    std::fs::create_dir_all(&ds).unwrap();
+    std::fs::write(
+        ds.join("dataset.json"),
+        format!(
+            r#"{{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["{distribution}"]}}"#
+        ),
+    )
+    .unwrap();
+    let snapshot: Vec<(i64, String, i64)> = (0..2000)
+        .map(|i| (i / 4, format!("k{:03}", (i % 4) * 7 + i % 3), i))
+        .collect();
+    let (fields, columns) = table(&snapshot, &[]);
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    write_with(&ds.join("snapshot/part-0.parquet"), &batch, None);
+
+    // Changes: epoch 1 inserts new keys, epoch 2 updates some snapshot rows, epoch 3 deletes.
+    let mut rows = Vec::new();
+    let mut ops = Vec::new();
+    let mut epochs = Vec::new();
+    for i in 0..300i64 {
+        rows.push((i * 3, format!("new{i}"), -i));
+        ops.push(1i8);
+        epochs.push(1u64);
+    }
+    for r in snapshot.iter().step_by(7) {
+        rows.push(r.clone());
+        ops.push(3);
+        epochs.push(2);
+        rows.push((r.0, r.1.clone(), r.2 + 1_000_000));
+        ops.push(4);
+        epochs.push(2);
+    }
+    for (_, r) in (snapshot.iter().enumerate().skip(3).step_by(11)).filter(|(i, _)| i % 7 != 0) {
+        rows.push(r.clone());
+        ops.push(2);
+        epochs.push(3);
+    }
+    let (fields, mut columns) = table(&rows, &["_epoch", "_op"]);
+    columns.insert(0, Arc::new(Int8Array::from(ops)));
+    columns.insert(0, Arc::new(UInt64Array::from(epochs)));
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    write_with(&ds.join("changes/part-0.parquet"), &batch, None);
+    ds
+}
+
+/// What the output's `epoch-*.parquet` files net to: each row (its table columns as text)
+/// with its count, inserts +1 and deletes -1, rows netting to 0 left out; sorted.
+fn output_net(out: &Path) -> Vec<(String, i64)> {
+    let mut net = std::collections::BTreeMap::<String, i64>::new();
+    for entry in std::fs::read_dir(out.join("changes")).unwrap() {
+        let file = entry.unwrap().path();
+        if file.extension().is_none_or(|e| e != "parquet") {
+            continue;
+        }
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&file).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let schema = batch.schema();
+            let op = schema.index_of("_op").unwrap();
+            let ops = batch
+                .column(op)
+                .as_primitive::<arrow_array::types::Int8Type>();
+            let columns: Vec<_> = (batch.columns().iter().enumerate())
+                .filter(|(i, _)| !schema.field(*i).name().starts_with('_'))
+                .map(|(_, c)| ArrayFormatter::try_new(c, &FormatOptions::default()).unwrap())
+                .collect();
+            for row in 0..batch.num_rows() {
+                let cells: Vec<String> = columns.iter().map(|c| c.value(row).to_string()).collect();
+                let sign = if matches!(ops.value(row), 1 | 4) {
+                    1
+                } else {
+                    -1
+                };
+                *net.entry(cells.join("|")).or_default() += sign;
+            }
+        }
+    }
+    net.into_iter().filter(|(_, n)| *n != 0).collect()
+}
+
+fn replay(ds: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["replay", path(ds), "--out", path(out), "--progress", "none"];
+    args.extend_from_slice(extra);
+    backfill(&args)
+}
+
+/// Item 7: a dictionary key column outside the distribution key replays on the durable store
+/// as on the memory store (dictionary value columns too), verifies, and a rerun reads the
+/// state back and says the job finished (it said the manifest was corrupt).
+#[test]
+fn a_dictionary_key_column_replays_on_the_durable_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dictionary_key_dataset(tmp.path(), "a");
+    let durable = tmp.path().join("durable");
+    let memory = tmp.path().join("memory");
+    let o = replay(&ds, &durable, &["--batch-size", "100"]);
+    assert!(o.status.success(), "{}", text(&o));
+    ok(&["verify", path(&ds), path(&durable)]);
+    let o = replay(&ds, &memory, &["--memory", "--batch-size", "100"]);
+    assert!(o.status.success(), "{}", text(&o));
+    ok(&["verify", path(&ds), path(&memory)]);
+    let (d, m) = (output_net(&durable), output_net(&memory));
+    assert!(d.len() > 2000, "{}", d.len());
+    assert_eq!(d, m);
+    // The rerun reads the state back.
+    let o = replay(&ds, &durable, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("already finished"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A dictionary distribution key is refused up front (vnode hashing does not support it),
+/// exit 2, naming the column, and nothing is written.
+#[test]
+fn a_dictionary_distribution_key_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dictionary_key_dataset(tmp.path(), "b");
+    let out = tmp.path().join("out");
+    let o = replay(&ds, &out, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("`b`") && stderr.contains("Dictionary"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.join("state").exists(), "{}", text(&o));
+}
+
+/// Writes the two datasets of item 8 at full size under `$HUGE_DIR` (2.2 GB on disk, 2.2 GB
+/// of memory to write): `plain` (265 KiB strings x 8,192 rows in one row group) and `dict`
+/// (a 565 kB string dictionary-encoded 8,192 times: 4.6 GB decoded from a small file). Run
+/// by hand: `HUGE_DIR=/tmp/huge cargo test --test types_edge -- --ignored huge`.
+#[test]
+#[ignore]
+fn write_huge_string_datasets() {
+    let Ok(dir) = std::env::var("HUGE_DIR") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    write_string_dataset(&dir.join("plain"), 8192, 265 << 10, false, 1024);
+    write_string_dataset(&dir.join("dict"), 8192, 565_000, true, 1024);
+}
+
+/// A dataset of `rows` rows `(k Int64, s Utf8)`, `s` `width` bytes (one repeated value when
+/// `repeated`, written dictionary-encoded; else distinct values, written plain), in one row
+/// group, written `per_batch` rows at a time; no changes.
+fn write_string_dataset(ds: &Path, rows: usize, width: usize, repeated: bool, per_batch: usize) {
+    std::fs::create_dir_all(ds).unwrap();
+    std::fs::write(
+        ds.join("dataset.json"),
+        r#"{"name": "s", "primary_key": ["k"], "distribution_key": ["k"]}"#,
+    )
+    .unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, false),
+    ]));
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows))
+        .set_dictionary_enabled(repeated)
+        .set_dictionary_page_size_limit(width * 2)
+        .build();
+    let path = ds.join("snapshot/part-0.parquet");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut w =
+        ArrowWriter::try_new(File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
+    let mut start = 0;
+    while start < rows {
+        let n = per_batch.min(rows - start);
+        let strings = arrow_array::StringArray::from_iter_values((start..start + n).map(|i| {
+            let mut s = if repeated {
+                String::new()
+            } else {
+                format!("{i:08}")
+            };
+            s.extend(std::iter::repeat_n('x', width - s.len()));
+            s
+        }));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    start as i64..(start + n) as i64,
+                )),
+                Arc::new(strings),
+            ],
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        start += n;
+    }
+    w.close().unwrap();
+}
