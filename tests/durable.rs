@@ -291,3 +291,91 @@ fn bad_state_directories_are_refused_and_left_as_they_are() {
     assert!(err.to_string().contains("vnode count"), "{err}");
     assert_eq!(files_under(&out), before, "nothing changed");
 }
+
+/// A [`StorageIo`] that tells when the first run file is created (the snapshot load has
+/// spilled its first piece) and slows every later run file's creation a little, so the load
+/// is surely still going when a signal comes.
+#[derive(Debug)]
+struct LoadGate {
+    started: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl StorageIo for LoadGate {
+    fn create(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<Box<dyn arrangement_backfill::store::io::WriteFile>> {
+        if path.extension().is_some_and(|e| e == "arrow") {
+            if let Some(tx) = self.started.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        RealIo.create(path)
+    }
+    fn open(
+        &self,
+        path: &Path,
+    ) -> std::io::Result<Box<dyn arrangement_backfill::store::io::ReadFile>> {
+        RealIo.open(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        RealIo.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        RealIo.remove(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        RealIo.sync_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        RealIo.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        RealIo.list(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        RealIo.exists(path)
+    }
+}
+
+/// A signal during the snapshot load stops it between batches: nothing is committed (the
+/// load is not run to its commit first), nothing half-written is left, and the same replay
+/// then runs to a verified end.
+#[test]
+fn a_signal_during_the_load_stops_it_before_its_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Over 64k rows: several load batches, and with a small budget many spilled pieces.
+    let data = dataset(tmp.path(), "ds", 2.0, 21);
+    let out = tmp.path().join("out");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let gate = Arc::new(LoadGate {
+        started: std::sync::Mutex::new(Some(tx)),
+    });
+    let mut o = options(&out, gate);
+    o.batch_size = 1024;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = rt.block_on(run_replay_until(&data, &o, |_| {}, async move {
+        let _ = rx.await;
+        Interrupt::Interrupt
+    }));
+    match result {
+        Err(Error::Interrupted {
+            committed: None,
+            code: 130,
+            ..
+        }) => {}
+        other => panic!("expected an interruption before the load's commit, got {other:?}"),
+    }
+    let rerun = rt.block_on(run_replay(&data, &options(&out, RealIo::shared()), |_| {}));
+    let summary = rerun.unwrap();
+    assert_eq!(
+        summary.resumed_from, None,
+        "nothing was committed to resume from"
+    );
+    check_complete(&data, &out);
+}
