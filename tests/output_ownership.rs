@@ -416,3 +416,47 @@ fn a_certificate_mismatch_exits_three_every_time() {
             .contains("certificate_matches\": true")
     );
 }
+
+/// Unmounts a bind mount when dropped.
+struct BindMount(PathBuf);
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_bind_mount_of_the_dataset_is_the_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = generate(tmp.path(), "ds");
+    let bind = tmp.path().join("bind");
+    std::fs::create_dir(&bind).unwrap();
+    // Needs the right to mount (root, as in CI); elsewhere there is nothing to check.
+    let mounted = Command::new("mount")
+        .args(["--bind", p(&dataset), p(&bind)])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot bind mount here");
+        return;
+    }
+    let _mount = BindMount(bind.clone());
+    let before = contents(&dataset);
+    refused(
+        &replay(&dataset, &bind.join("out"), &[]),
+        "overlaps the dataset",
+    );
+    refused(&replay(&dataset, &bind, &[]), "overlaps the dataset");
+    refused(
+        &replay(&bind, &dataset.join("out"), &[]),
+        "overlaps the dataset",
+    );
+    let out = tmp.path().join("out");
+    refused(
+        &replay(&dataset, &out, &["--state", p(&bind.join("changes"))]),
+        "overlaps the dataset",
+    );
+    assert_eq!(contents(&dataset), before);
+}
