@@ -17,7 +17,9 @@
 //!   output are the same bytes as before, each state directory that committed data still
 //!   belongs to the same job, and its message never calls a state corrupt (no step here
 //!   touches a state directory);
-//! - no run touches the published files of an output it was not pointed at.
+//! - no run touches the published files of an output it was not pointed at, and a run
+//!   without `--fresh` removes or changes none of its own output's unless they are an
+//!   in-memory job's (which the next run redoes), however it ends.
 //!
 //! At the end of a sequence, `--fresh` recovers every output (exit 0, checked the same way).
 //!
@@ -570,6 +572,14 @@ fn guarded(out: &Path, states: &[PathBuf]) -> BTreeMap<PathBuf, Vec<u8>> {
     all
 }
 
+/// Whether the job record of `out` names an in-memory job (`"state": null`).
+fn held_by_memory_job(out: &Path) -> bool {
+    std::fs::read(out.join(".backfill-job"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|record| record.get("state").is_some_and(|s| s.is_null()))
+}
+
 /// How two snapshots of files differ, in a few lines.
 fn difference(before: &BTreeMap<PathBuf, Vec<u8>>, after: &BTreeMap<PathBuf, Vec<u8>>) -> String {
     let mut lines = String::new();
@@ -937,8 +947,30 @@ impl World {
             .map(|o| (o.clone(), guarded(o, &[])))
             .collect();
         let before = guarded(out, &self.all_states());
+        // Without --fresh, a run may replace the output only of an in-memory job (which
+        // can never be resumed); a durable job's output it resumes, or leaves alone.
+        let keeps_files = !spec.fresh && !held_by_memory_job(out);
+        let files_before: Vec<(PathBuf, Vec<u8>)> = published(out)
+            .into_iter()
+            .map(|p| {
+                let bytes = std::fs::read(&p).unwrap();
+                (p, bytes)
+            })
+            .collect();
         let ran = self.run(&args, stop)?;
         self.last = Some(spec.clone());
+        if keeps_files {
+            for (file, bytes) in &files_before {
+                if std::fs::read(file).ok().as_ref() != Some(bytes) {
+                    return Err(format!(
+                        "a run without --fresh removed or changed {}, a published file of a \
+                         durable job's output\n{}",
+                        file.display(),
+                        ran.text()
+                    ));
+                }
+            }
+        }
         for (other, files) in &others {
             let now = guarded(other, &[]);
             if &now != files {
