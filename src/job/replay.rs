@@ -787,9 +787,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                 // An in-memory job's output can never be resumed: the next run redoes it.
                 Some(r) if r.state.is_none() => None,
                 Some(r) => Some(format!(
-                    "holds the output of {}, which this run would delete: run that job again \
-                     with its state to resume it, use --fresh to discard it, or choose another \
-                     --out",
+                    "holds the output of {}, which this run would delete: resume that job \
+                     with its state (if the state still holds it), use --fresh to discard the \
+                     output, or choose another --out",
                     r.state_shown()
                 )),
                 None => Some(
