@@ -220,7 +220,7 @@ impl StreamChunk {
         if chunks.len() == 1 {
             return Ok(chunks[0].clone());
         }
-        let batch = arrow_select::concat::concat_batches(schema, chunks.iter().map(|c| &c.batch))?;
+        let batch = crate::dictionary::concat_batches(schema, chunks.iter().map(|c| &c.batch))?;
         let ops: Vec<Op> = chunks.iter().flat_map(|c| c.ops.iter().copied()).collect();
         Ok(Self {
             batch,

@@ -11,7 +11,8 @@
 //! Here the sources are checked once for one schema (the same `Arc` as a rule, since they
 //! are all blocks of one table), then each column of the common types (fixed-width
 //! primitives, string and binary views) is gathered from typed slices. Any other type, and
-//! sources of different schemas, go to arrow's interleave, which also reports the errors.
+//! sources of different schemas, go to arrow's interleave, which also reports the errors;
+//! dictionaries with narrow keys through [`crate::dictionary`], which merges them.
 
 use std::sync::Arc;
 
@@ -22,8 +23,8 @@ use arrow_array::{
     downcast_primitive_array,
 };
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
-use arrow_schema::DataType;
-use arrow_select::interleave::{interleave, interleave_record_batch};
+use arrow_schema::{DataType, Field};
+use arrow_select::interleave::interleave_record_batch;
 
 use crate::error::{Result, internal};
 
@@ -37,7 +38,11 @@ pub(crate) fn interleave_batches(
     };
     let schema = first.schema_ref();
     let same = |b: &RecordBatch| Arc::ptr_eq(b.schema_ref(), schema) || b.schema_ref() == schema;
-    if indices.is_empty() || !batches.iter().all(|b| same(b)) {
+    let same = batches.iter().all(|b| same(b));
+    let dictionaries = || {
+        (schema.fields().iter()).any(|f| crate::dictionary::has_narrow_dictionary(f.data_type()))
+    };
+    if indices.is_empty() || (!same && !dictionaries()) {
         return Ok(interleave_record_batch(batches, indices)?);
     }
     // Checked once for every column: the gathers below index without failing.
@@ -50,24 +55,41 @@ pub(crate) fn interleave_batches(
             batches.len()
         ));
     }
-    let columns = (0..schema.fields().len())
-        .map(|i| {
+    let fields = schema.fields();
+    if let Some(other) = batches.iter().find(|b| b.num_columns() != fields.len()) {
+        return Err(internal!(
+            "an interleave of a batch of {} columns into {} columns",
+            other.num_columns(),
+            fields.len()
+        ));
+    }
+    let columns = (fields.iter().enumerate())
+        .map(|(i, field)| {
             let sources: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-            interleave_column(&sources, indices)
+            match same {
+                true => interleave_column(field, &sources, indices),
+                // Arrow's interleave, with its type checks, dictionaries merged.
+                false => crate::dictionary::interleave(field, &sources, indices),
+            }
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
-/// One column of [`interleave_batches`]: `sources` are of one type, and every index is in
-/// range.
-fn interleave_column(sources: &[&dyn Array], indices: &[(usize, usize)]) -> Result<ArrayRef> {
+/// One column of [`interleave_batches`] (`field` of the schema): `sources` are of one type,
+/// and every index is in range.
+fn interleave_column(
+    field: &Field,
+    sources: &[&dyn Array],
+    indices: &[(usize, usize)],
+) -> Result<ArrayRef> {
     let first = sources[0];
     downcast_primitive_array!(
         first => primitive(first, sources, indices),
         DataType::Utf8View => views::<StringViewType>(sources, indices),
         DataType::BinaryView => views::<BinaryViewType>(sources, indices),
-        _ => Ok(interleave(sources, indices)?)
+        // Dictionaries of narrow keys merged; any other type by arrow's interleave.
+        _ => crate::dictionary::interleave(field, sources, indices)
     )
 }
 

@@ -144,6 +144,7 @@
 
 pub mod backfill;
 pub mod chunk;
+mod dictionary;
 mod error;
 mod ffi;
 mod interleave;

@@ -426,7 +426,7 @@ impl ChangeChunks {
         let Some(epoch) = self.pending_epoch.take() else {
             return Ok(());
         };
-        let batch = arrow_select::concat::concat_batches(&self.schema, &self.pending)?;
+        let batch = crate::dictionary::concat_batches(&self.schema, &self.pending)?;
         let ops = std::mem::take(&mut self.pending_ops);
         self.pending.clear();
         self.pending_rows = 0;

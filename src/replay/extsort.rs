@@ -545,7 +545,7 @@ fn last_key(keys: &[BinaryArray]) -> Option<&[u8]> {
 fn join(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
     match pieces {
         [piece] => Ok(piece.clone()),
-        _ => Ok(arrow_select::concat::concat_batches(schema, pieces)?),
+        _ => crate::dictionary::concat_batches(schema, pieces),
     }
 }
 

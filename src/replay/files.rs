@@ -19,7 +19,8 @@ use arrow_array::{Array, ArrayRef, OffsetSizeTrait, RecordBatch, RecordBatchOpti
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
-    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
 use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::ParquetMetaData;
@@ -93,6 +94,26 @@ pub(crate) fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<Fil
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))
 }
 
+/// A builder of readers of `path` that read narrow dictionary columns (8 or 16-bit keys)
+/// with 32-bit keys, and the file's own Arrow schema, which [`BatchReader`] converts them
+/// back to (see [`crate::dictionary::widened_schema`]).
+fn wide_builder(path: &Path) -> Result<(ParquetRecordBatchReaderBuilder<File>, SchemaRef)> {
+    let builder = builder(path)?;
+    let schema = builder.schema().clone();
+    let Some(wide) = crate::dictionary::widened_schema(&schema) else {
+        return Ok((builder, schema));
+    };
+    let options = ArrowReaderOptions::new().with_schema(wide);
+    let metadata = ArrowReaderMetadata::try_new(builder.metadata().clone(), options)
+        .map_err(|e| unreadable(path, e))?;
+    let file =
+        File::open(path).map_err(|e| Error::dataset(path, "", format!("cannot open: {e}")))?;
+    Ok((
+        ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata),
+        schema,
+    ))
+}
+
 /// The Arrow schema of a Parquet file (reads the footer only).
 pub(crate) fn read_schema(path: &Path) -> Result<SchemaRef> {
     Ok(builder(path)?.schema().clone())
@@ -143,6 +164,8 @@ pub(crate) struct BatchReader {
     path: PathBuf,
     reader: ParquetRecordBatchReader,
     schema: SchemaRef,
+    /// Whether it reads narrow dictionaries with wider keys ([`wide_builder`]).
+    wide: bool,
     /// Rows per batch now.
     rows: usize,
     /// The file's row the next batch starts at.
@@ -162,15 +185,16 @@ impl BatchReader {
     /// A reader of `path` in batches of at most `batch_size` rows and, by the footer's sizes,
     /// `budget` bytes of each byte-array column.
     pub(crate) fn open(path: &Path, batch_size: usize, budget: u64) -> Result<Self> {
-        let builder = builder(path)?;
+        let (builder, schema) = wide_builder(path)?;
+        let wide = builder.schema() != &schema;
         let rows = batch_rows(builder.metadata(), batch_size, budget);
         let total_rows = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
-        let schema = builder.schema().clone();
         let reader = (builder.with_batch_size(rows).build()).map_err(|e| unreadable(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
             reader,
             schema,
+            wide,
             rows,
             next_row: 0,
             total_rows,
@@ -192,8 +216,11 @@ impl BatchReader {
             let result = result.and_then(|b| over_limit(b, self.limit));
             match result {
                 Ok(batch) => {
-                    self.next_row += batch.num_rows() as u64;
-                    return Some(Ok(batch));
+                    let batch = self.narrowed(batch);
+                    if let Ok(batch) = &batch {
+                        self.next_row += batch.num_rows() as u64;
+                    }
+                    return Some(batch);
                 }
                 Err(e) if is_overflow(&e) && self.rows > 1 => {
                     self.rows = (self.rows / SHRINK).max(1);
@@ -217,12 +244,36 @@ impl BatchReader {
             RowSelector::skip(count(from)?),
             RowSelector::select(count(rest)?),
         ]);
-        let mut builder = builder(&self.path)?.with_row_selection(selection);
+        let mut builder = wide_builder(&self.path)?.0.with_row_selection(selection);
         if let Some(leaf) = leaf {
             let mask = ProjectionMask::leaves(builder.parquet_schema(), [leaf]);
             builder = builder.with_projection(mask);
         }
         (builder.with_batch_size(self.rows).build()).map_err(|e| unreadable(&self.path, e))
+    }
+
+    /// `batch`, read with wider dictionary keys ([`wide_builder`]), in the file's schema; a
+    /// batch whose distinct values do not fit a column's keys is an error naming the file,
+    /// its rows and the column.
+    fn narrowed(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        if !self.wide {
+            return Ok(batch);
+        }
+        let rows = batch.num_rows();
+        let columns = (batch.columns().iter().zip(self.schema.fields()))
+            .map(|(column, field)| {
+                crate::dictionary::narrowed(field, column).map_err(|e| {
+                    Error::dataset(
+                        &self.path,
+                        format!("rows {} to {}", self.next_row, self.next_row + rows as u64),
+                        e.to_string(),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)
+            .map_err(|e| unreadable(&self.path, e))
     }
 
     /// The error for a batch of one row (`self.next_row`) that still overflows, naming the

@@ -97,6 +97,13 @@ pub(crate) fn changed_keys(
     max_bytes: usize,
 ) -> Option<KeyFilter> {
     let table = dataset.schema();
+    // Key types the hash does not take (dictionaries): no filter, and no read of them.
+    if (pk.indices().iter()).any(|&i| {
+        let field = table.field(i);
+        crate::vnode::check_hashable(field.name(), field.data_type()).is_err()
+    }) {
+        return None;
+    }
     // The table's columns follow `_epoch` and `_op` in a change file.
     let roots: Vec<usize> = pk.indices().iter().map(|&i| i + 2).collect();
     let mut in_file_order = roots.clone();

@@ -262,10 +262,7 @@ impl Chunk {
             // Pieces whose strings one array might not hold go on as they are.
             many if bytes > files::GATHER_BYTES => many.to_vec(),
             // Batches that do not fall on chunk boundaries: one copy of the chunk.
-            many => vec![arrow_select::concat::concat_batches(
-                &many[0].schema(),
-                many,
-            )?],
+            many => vec![crate::dictionary::concat_batches(&many[0].schema(), many)?],
         };
         let path = dataset
             .snapshot_files()

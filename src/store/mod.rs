@@ -180,7 +180,7 @@ impl KeyedBatch {
                 other.batch.schema()
             ));
         }
-        let batch = arrow_select::concat::concat_batches(schema, pieces.iter().map(|p| &p.batch))?;
+        let batch = crate::dictionary::concat_batches(schema, pieces.iter().map(|p| &p.batch))?;
         let keys: Vec<&dyn arrow_array::Array> = pieces
             .iter()
             .map(|p| &p.keys as &dyn arrow_array::Array)

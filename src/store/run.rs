@@ -552,7 +552,11 @@ fn gather_keyed(
                     let column = match (scattered, column.as_slice()) {
                         (Some(scattered), _) => scattered,
                         (None, [single]) => arrow_select::take::take(*single, &indices, None)?,
-                        (None, _) => arrow_select::interleave::interleave(&column, pairs())?,
+                        (None, _) => crate::dictionary::interleave(
+                            first.schema().field(c),
+                            &column,
+                            pairs(),
+                        )?,
                     };
                     Ok(with_views(column, views))
                 })

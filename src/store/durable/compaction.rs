@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 
 use arrow_array::BooleanArray;
 
-use super::file::{DiskRun, MIN_BLOCK_ROWS};
+use super::file::{DiskRun, MIN_BLOCK_ROWS, RunFileWriter};
 use super::log::{EditKind, LogRecord, TableEdit, VnodeEdit};
 use super::manifest::FileEntry;
 use super::{Shared, VnodeRuns};
@@ -62,8 +62,16 @@ impl Compactor {
                         && let Ok(mut state) = shared.write()
                         && state.failed.is_none()
                     {
-                        // The store's state is unknown after a failed install: stop using it.
-                        state.failed = Some(format!("background compaction failed: {e}"));
+                        match e {
+                            // Rows the table's types cannot hold (a dictionary's distinct values
+                            // beyond its key type): nothing was installed, the committed state
+                            // stands, and every later call reports the column.
+                            Error::InvalidValue { column, message } => {
+                                state.refused.get_or_insert((column, message));
+                            }
+                            // The store's state is unknown after a failed install: stop using it.
+                            e => state.failed = Some(format!("background compaction failed: {e}")),
+                        }
                     }
                 }
             })
@@ -277,22 +285,12 @@ pub(super) fn compact_all(shared: &Arc<Shared>, policy: Policy, stop: &AtomicBoo
     run_job(shared, job, stop)
 }
 
-/// Merges one job's vnodes into one new file and installs it; abandoned (its file removed,
-/// nothing installed) if `stop` is set before its last vnode is merged, so a store being
-/// closed waits for one vnode's merge at most, not a whole job's.
-fn run_job(shared: &Arc<Shared>, job: Vec<Input>, stop: &AtomicBool) -> Result<()> {
-    let Some(first) = job.first() else {
-        return Ok(());
-    };
-    let table = first.table.clone();
-    let desc = shared.read()?.table(&table)?.desc.clone();
-    let mut writer = shared.new_file(&desc)?;
-    for input in &job {
+/// Merges each vnode of `job` into `writer`; `false` if `stop` was set before its last
+/// vnode.
+fn merge_job(job: &[Input], writer: &mut RunFileWriter, stop: &AtomicBool) -> Result<bool> {
+    for input in job {
         if stop.load(Ordering::SeqCst) {
-            // Best effort: a file left behind is named by no manifest and is removed the next
-            // time the store opens; a store being closed is not failed for it.
-            let _ = writer.abandon();
-            return Ok(());
+            return Ok(false);
         }
         let mut merge = match input.plan {
             Plan::Full => {
@@ -329,6 +327,33 @@ fn run_job(shared: &Arc<Shared>, job: Vec<Input>, stop: &AtomicBool) -> Result<(
             writer.write(&batch, deleted.as_ref())?;
         }
         writer.end_run();
+    }
+    Ok(true)
+}
+
+/// Merges one job's vnodes into one new file and installs it; abandoned (its file removed,
+/// nothing installed) if `stop` is set before its last vnode is merged, so a store being
+/// closed waits for one vnode's merge at most, not a whole job's, or if the merge fails.
+fn run_job(shared: &Arc<Shared>, job: Vec<Input>, stop: &AtomicBool) -> Result<()> {
+    let Some(first) = job.first() else {
+        return Ok(());
+    };
+    let table = first.table.clone();
+    let desc = shared.read()?.table(&table)?.desc.clone();
+    let mut writer = shared.new_file(&desc)?;
+    match merge_job(&job, &mut writer, stop) {
+        Ok(true) => {}
+        // Best effort: a file left behind is named by no manifest and is removed the next
+        // time the store opens; a store being closed is not failed for it, and a merge that
+        // failed (rows the table's types cannot hold) installed nothing.
+        Ok(false) => {
+            let _ = writer.abandon();
+            return Ok(());
+        }
+        Err(e) => {
+            let _ = writer.abandon();
+            return Err(e);
+        }
     }
     let (file, _, spans) = writer.finish()?;
     file.mark_obsolete();

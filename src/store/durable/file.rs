@@ -389,7 +389,7 @@ impl RunFileWriter {
             [one] => one.batch(),
             _ => {
                 let batches: Vec<RecordBatch> = pieces.iter().map(Run::batch).collect();
-                arrow_select::concat::concat_batches(self.desc.schema(), &batches)?
+                crate::dictionary::concat_batches(self.desc.schema(), &batches)?
             }
         };
         let mut deleted = BooleanBufferBuilder::new(rows);
