@@ -40,7 +40,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// A replay frees and allocates batches, blocks and Parquet pages at a high rate; returned
 /// pages come back as page faults, each zeroing a fresh page (about a tenth of a scale-1
 /// replay's samples). Its memory is bounded by its budgets, so keeping the high-water mark
-/// costs little. Chosen by measurement (BENCHMARKS.md, "Fewer bytes for zstd, cheaper block
+/// costs little. Chosen by measurement (docs/benchmarks-history.md, "Fewer bytes for zstd, cheaper block
 /// reads, integer sorts, kept pages": scale-1 CPU 0.91-0.95x, peak memory +5-8%).
 ///
 /// mimalloc reads its options when the process starts, before `main`, so a *default* set

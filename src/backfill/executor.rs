@@ -539,7 +539,7 @@ const MIN_MERGE_READ: usize = 64;
 /// read pays a fixed cost per column (the store's gather of a merged read, and the merge's
 /// gather of every batch it takes rows from), so reads of a few rows each are slow: at 256
 /// vnodes over a table with a delta layer, reads of 512 rows instead of 64 merge 1.6x as
-/// many rows a second (`snapshot_parts` in `benches/backfill.rs`; BENCHMARKS.md, "Longer
+/// many rows a second (`snapshot_parts` in `benches/backfill.rs`; docs/benchmarks-history.md, "Longer
 /// merge reads").
 const MERGE_READ_AHEAD: usize = 64 * 1024;
 

@@ -2,7 +2,7 @@
 //!
 //! The sink's encoding (statistics, dictionaries, delta packing, zstd) is the replay's
 //! longest single thread: on one core it kept the backfill waiting (lineitem scale 1, see
-//! `BENCHMARKS.md`). Parquet stores each column chunk on its own, so the columns of a row
+//! `docs/benchmarks-history.md`). Parquet stores each column chunk on its own, so the columns of a row
 //! group can be encoded independently: [`ColumnParallelWriter`] keeps one
 //! [`ArrowColumnWriter`] per leaf, each on a lane of its own ([`Lanes`]): a queue of the
 //! leaves it is to write, drained in order by a rayon task. A call to

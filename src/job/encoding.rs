@@ -1,7 +1,7 @@
 //! How the sink encodes a changelog file: its Parquet writer properties, some of them chosen
 //! from a sample of the first rows the sink sees.
 //!
-//! Each choice was made by measurement (lineitem scale 1, `BENCHMARKS.md`):
+//! Each choice was made by measurement (lineitem scale 1, `docs/benchmarks-history.md`):
 //!
 //! - integer leaves are `DELTA_BINARY_PACKED` ([`writer_properties`]);
 //! - string and binary columns keep a dictionary if their values repeat
@@ -110,7 +110,7 @@ impl EncodingChoice {
 /// Whether the sink may dictionary-encode a column of `data_type`: strings and binaries
 /// only, and among them only those whose values repeat ([`choose_dictionaries`]).
 ///
-/// Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): dictionary encoding of the
+/// Chosen by measurement (lineitem scale 1, `docs/benchmarks-history.md`): dictionary encoding of the
 /// numeric columns (hashing and interning every value) was about 3 s of a replay's CPU, and
 /// under zstd their plain pages came out smaller than dictionary-encoded ones; strings (flags,
 /// modes, free text) keep it, readers can then decode them to dictionary arrays.
@@ -242,13 +242,13 @@ const COERCE_TYPES: bool = true;
 /// columns named in `key_columns` only.
 ///
 /// Statistics as the sink's module docs say; the string ones left out were 7% of a replay's
-/// CPU (lineitem scale 1, `BENCHMARKS.md`).
+/// CPU (lineitem scale 1, `docs/benchmarks-history.md`).
 ///
 /// Integer leaves (Parquet INT32 and INT64: integers, dates, times, timestamps, small
 /// decimals, and `_epoch`/`_op`) are written `DELTA_BINARY_PACKED` (a nested leaf keeps its
 /// dictionary, delta-packed only if it falls back to plain pages): a page holds bit-packed
 /// differences instead of 4 or 8 bytes a value, so zstd gets a fraction of the bytes to
-/// compress. Chosen by measurement (lineitem scale 1, `BENCHMARKS.md`): zstd was over half of
+/// compress. Chosen by measurement (lineitem scale 1, `docs/benchmarks-history.md`): zstd was over half of
 /// the sink's CPU, most of its input plain integers.
 fn writer_properties(
     schema: &SchemaRef,

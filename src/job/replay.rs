@@ -81,7 +81,7 @@ const LOAD_BATCH_ROWS: usize = 64 * 1024;
 /// output batch gathers from about one source batch per input it draws on (128 an actor at
 /// 256 vnodes), the sink feeds each batch to every column writer, the keys of each are
 /// encoded. At scale 1 (lineitem, 2 cores) 8192 rows took 0.82x the wall time of 1024 in
-/// merged order and 0.91x in vnode order, for 5-25% more peak memory (BENCHMARKS.md,
+/// merged order and 0.91x in vnode order, for 5-25% more peak memory (docs/benchmarks-history.md,
 /// "Bigger replay batches and a leaner interleave"). The library's own default
 /// ([`crate::BackfillConfig`]) stays at 1024, a streaming operator's chunk.
 pub const DEFAULT_BATCH_SIZE: usize = 8192;

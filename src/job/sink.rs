@@ -211,7 +211,7 @@ pub struct Recovery {
 /// Rows queued for the encoder before `push` blocks (a chunk is admitted into an empty queue
 /// whatever its size).
 ///
-/// Chosen by measurement (BENCHMARKS.md, "A deeper queue before the sink's encoder"): 64
+/// Chosen by measurement (docs/benchmarks-history.md, "A deeper queue before the sink's encoder"): 64
 /// chunks of 1024 rows left the consumer waiting on the encoder and the actors waiting on the
 /// consumer at every burst (lineitem scale 1: 0.92 to 0.96x wall at 256 chunks, worse again at
 /// 1024: 1 GB peak). About 40 MB of lineitem rows.

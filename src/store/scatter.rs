@@ -4,7 +4,7 @@
 //! A bulk load puts its rows in vnode-then-key order. Read as a gather (`take`,
 //! `interleave`), that order visits the input once per vnode, a row here and a row there: in
 //! a piece of tens of MB every value read is a cache miss, and the gather of lineitem's 16
-//! columns was the load's largest cost (lineitem scale 1, `BENCHMARKS.md`). The same
+//! columns was the load's largest cost (lineitem scale 1, `docs/benchmarks-history.md`). The same
 //! permutation written as a scatter reads the input front to back and writes one sequential
 //! stream per vnode: within a vnode, rows keep their input order whenever the input was
 //! sorted by key, as tables exported in key order are.

@@ -76,7 +76,7 @@ const TRAILER_LEN: usize = 10;
 /// a scale-1 vnode-order replay takes 6% less CPU (half the blocks to cut, index, check,
 /// decode, key-encode and cache; fewer, longer slices to gather), merged order the same time
 /// for 17 MB more peak memory (a merge holds a block per source per vnode); see
-/// `BENCHMARKS.md`.
+/// `docs/benchmarks-history.md`.
 pub(crate) const BLOCK_BYTES: usize = 128 << 10;
 /// The fewest rows in a block (unless the run is shorter).
 pub(crate) const MIN_BLOCK_ROWS: usize = 64;

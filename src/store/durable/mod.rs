@@ -80,7 +80,7 @@ use crate::vnode::{VirtualNode, VnodeBitmap};
 /// one before it is written, so the load holds about the budget. Half rather than a quarter
 /// (lineitem scale 1: 12 pieces instead of 25, each vnode's base a chain of half as many
 /// runs with half as many partial blocks): 3 to 10% less wall time in vnode and merged
-/// order, 12 to 22 MB more peak memory (`BENCHMARKS.md`).
+/// order, 12 to 22 MB more peak memory (`docs/benchmarks-history.md`).
 const LOAD_PIECE: usize = 2;
 
 /// Settings of a [`DurableStore`].
