@@ -13,26 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("the binary runs")
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+mod files;
+mod tool;
+use files::files_under;
+use tool::{bin, p, run, text};
 
 fn generate(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(name);
@@ -120,25 +104,6 @@ fn published(out: &Path) -> Vec<String> {
     names
 }
 
-/// Every file under `dir` with its bytes.
-fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut all = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let bytes = std::fs::read(&path).unwrap();
-                all.push((path, bytes));
-            }
-        }
-    }
-    all.sort();
-    all
-}
-
 fn verified(dataset: &Path, out: &Path) {
     let o = run(&["verify", p(dataset), p(out)]);
     assert!(o.status.success(), "verify {}: {}", out.display(), text(&o));
@@ -154,7 +119,7 @@ fn refused(o: &Output, needle: &str) {
 fn paths_are_compared_by_what_they_name() {
     let tmp = tempfile::tempdir().unwrap();
     let dataset = generate(tmp.path(), "ds");
-    let before = contents(&dataset);
+    let before = files_under(&dataset);
     // `nope` does not exist: `nope/../ds` is the dataset once `nope` is created.
     let sneaky = tmp.path().join("nope/../ds");
     refused(&replay(&dataset, &sneaky, &[]), "overlaps the dataset");
@@ -176,7 +141,7 @@ fn paths_are_compared_by_what_they_name() {
         &replay(&dataset, &out, &["--state", p(&state)]),
         "overlaps the dataset",
     );
-    assert_eq!(contents(&dataset), before, "the dataset was touched");
+    assert_eq!(files_under(&dataset), before, "the dataset was touched");
     assert!(!tmp.path().join("nope").exists());
     // The dataset still replays.
     let o = replay(&dataset, &out, &["--verify"]);
@@ -190,13 +155,13 @@ fn a_linked_changes_directory_is_refused_and_its_target_untouched() {
     let other = tmp.path().join("other");
     let o = replay(&dataset, &other, &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let other_files = contents(&other);
+    let other_files = files_under(&other);
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     std::os::unix::fs::symlink(other.join("changes"), out.join("changes")).unwrap();
     refused(&replay(&dataset, &out, &[]), "symbolic link");
     refused(&replay(&dataset, &out, &["--fresh"]), "symbolic link");
-    assert_eq!(contents(&other), other_files);
+    assert_eq!(files_under(&other), other_files);
 }
 
 #[test]
@@ -443,7 +408,7 @@ fn a_bind_mount_of_the_dataset_is_the_dataset() {
         return;
     }
     let _mount = BindMount(bind.clone());
-    let before = contents(&dataset);
+    let before = files_under(&dataset);
     refused(
         &replay(&dataset, &bind.join("out"), &[]),
         "overlaps the dataset",
@@ -458,5 +423,5 @@ fn a_bind_mount_of_the_dataset_is_the_dataset() {
         &replay(&dataset, &out, &["--state", p(&bind.join("changes"))]),
         "overlaps the dataset",
     );
-    assert_eq!(contents(&dataset), before);
+    assert_eq!(files_under(&dataset), before);
 }

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use arrow_array::builder::StringDictionaryBuilder;
@@ -16,31 +16,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 
-fn backfill(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = backfill(args);
-    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
-    o
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+mod tool;
+use tool::{ok, p as path, run as backfill, text};
 
 fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -105,8 +105,8 @@ impl Place {
                             resolved = next;
                             exists = false;
                         }
-                        Err(e) if e.raw_os_error() == Some(20) => {
-                            // ENOTDIR: an ancestor is a file.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+                            // An ancestor is a file.
                             return Err(Error::InvalidConfig(format!(
                                 "{}: {} is not a directory",
                                 path.display(),
@@ -425,7 +425,7 @@ pub(crate) fn check_committed_files(
     let dir = out.join(CHANGES_DIR);
     let names = output_names(io, out)?;
     let conflict = |path: PathBuf, message: String| Error::StateConflict { path, message };
-    for (&epoch, &(published, tmp)) in &names {
+    for (&epoch, &(published, _)) in &names {
         if epoch > committed && published {
             return Err(Error::CorruptState {
                 context: state.display().to_string(),
@@ -448,7 +448,6 @@ pub(crate) fn check_committed_files(
                 ),
             ));
         }
-        let _ = tmp;
     }
     for (&epoch, record) in recorded.range(..=committed) {
         let (published, tmp) = names.get(&epoch).copied().unwrap_or_default();
