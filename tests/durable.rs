@@ -379,3 +379,49 @@ fn a_signal_during_the_load_stops_it_before_its_commit() {
     );
     check_complete(&data, &out);
 }
+
+/// Copies the files of `from` into `to` (created), directories included.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// A durable job taking over an in-memory run's output, crashed at every one of its first
+/// operations (while it removes that output and names itself in the output's record): the
+/// same command again always runs to a verified end, never refusing an output that no
+/// committed job owns.
+#[test]
+fn a_takeover_crashed_part_way_is_taken_over_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), "ds", 0.003, 12);
+    let rt = runtime();
+    let template = tmp.path().join("memory-output");
+    let mut memory = options(&template, RealIo::shared());
+    memory.state = arrangement_backfill::job::replay::StateChoice::Memory;
+    rt.block_on(run_replay(&data, &memory, |_| {})).unwrap();
+    let files = std::fs::read_dir(template.join("changes")).unwrap().count();
+    assert!(files > 3, "a few files to remove: {files}");
+    for n in 1..=files as u64 + 30 {
+        let out = tmp.path().join(format!("out-{n}"));
+        copy_tree(&template, &out);
+        let faulty = Arc::new(FaultyIo::new(RealIo::shared(), Some(n), Fault::Crash));
+        let first = rt.block_on(run_replay(&data, &options(&out, faulty.clone()), |_| {}));
+        assert!(first.is_err(), "crash at operation {n} did not fire");
+        faulty.lose_unsynced().unwrap();
+        drop(faulty);
+        let second = rt.block_on(run_replay(&data, &options(&out, RealIo::shared()), |_| {}));
+        if let Err(e) = second {
+            panic!("after a crash at operation {n} the rerun failed: {e}");
+        }
+        check_complete(&data, &out);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}

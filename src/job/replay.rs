@@ -775,10 +775,12 @@ impl<'a, S: StateStore> Job<'a, S> {
         Ok(files)
     }
 
-    /// A new job takes the output directory: refused when it holds the output files of
-    /// another job that could still be resumed or is complete (unless `--fresh`); then the
-    /// output's job record names this job (before any output file is written).
-    fn claim_output(&mut self, existing: Option<&JobRecord>) -> Result<()> {
+    /// Whether a new job may take the output directory: not when it holds the output files
+    /// of another job that could still be resumed or is complete (unless `--fresh`). The
+    /// record naming this job is written once the earlier output is gone
+    /// ([`Self::write_claim`]): a stop in between leaves the earlier record, so the next run
+    /// decides as this one did.
+    fn check_claim(&self, existing: Option<&JobRecord>) -> Result<()> {
         let io = self.options.io.as_ref();
         let out = &self.options.out;
         let names = output::output_names(io, out)?;
@@ -806,17 +808,21 @@ impl<'a, S: StateStore> Job<'a, S> {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Names this new job in the output's record, before it writes any output file (and
+    /// after the earlier output was removed).
+    fn write_claim(&self) -> Result<()> {
         let record = JobRecord {
-            job: output::new_job_id(),
+            job: self.job_id.clone(),
             state: match &self.options.state {
                 StateChoice::Durable(dir) => Some(Place::of(dir)?.path),
                 StateChoice::Memory => None,
             },
             finished: None,
         };
-        record.write(io, out)?;
-        self.job_id = record.job;
-        Ok(())
+        record.write(self.options.io.as_ref(), &self.options.out)
     }
 
     /// The end of a job that finished before this run, from its output's job record (its
@@ -909,7 +915,10 @@ impl<'a, S: StateStore> Job<'a, S> {
                     &recorded,
                 )?;
             }
-            None => self.claim_output(out_record.as_ref())?,
+            None => {
+                self.check_claim(out_record.as_ref())?;
+                self.job_id = output::new_job_id();
+            }
         }
         let store = &self.store;
         let name = self.desc.name().to_string();
@@ -951,6 +960,8 @@ impl<'a, S: StateStore> Job<'a, S> {
         )?
         .with_key_statistics(&key)?;
         if record.is_none() {
+            // The earlier output is gone (the sink removed it): the output is this job's.
+            self.write_claim()?;
             // A new job's sink writes the whole output: it digests it as it goes, so the
             // certificate need not read the output back.
             sink = sink.with_digest(Arc::new(self.desc.clone()))?;
