@@ -93,6 +93,11 @@ struct Cli {
 enum Command {
     /// Replay a dataset: load its snapshot, backfill an identity view while its changelog is
     /// applied, write the view's changelog to OUT/changes.
+    ///
+    /// Running the same command again after any stop resumes from the last checkpoint. The
+    /// snapshot load commits once, at its end: a stop during it costs the load (the next run
+    /// loads again from the start); after it, a stop costs at most the work since the last
+    /// checkpoint.
     Replay(ReplayArgs),
     /// Check a replay's output: OUT/changes applied in order must equal snapshot + changes.
     Verify {
