@@ -233,6 +233,13 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
         "holds no output of it",
     );
     assert!(published(&second).is_empty());
+    // A new state for an output of another job: refused before the state is created.
+    let fresh_state = tmp.path().join("new-state");
+    refused(
+        &replay(&dataset, &first, &["--state", p(&fresh_state)]),
+        "holds the output of job",
+    );
+    assert!(!fresh_state.exists(), "a refused run created its state");
 }
 
 #[test]

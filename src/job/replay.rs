@@ -429,6 +429,13 @@ async fn run_validated(
             job.run(validation, on_progress, interrupted).await
         }
         StateChoice::Durable(dir) => {
+            if !io.exists(dir)? {
+                // A new state: refuse another job's output before creating it.
+                check_claim(
+                    options,
+                    JobRecord::read(io.as_ref(), &options.out)?.as_ref(),
+                )?;
+            }
             if options.fresh {
                 durable::destroy(io.as_ref(), dir)?;
             }
@@ -443,6 +450,42 @@ async fn run_validated(
             job.run(validation, on_progress, interrupted).await
         }
     }
+}
+
+/// Whether a new job may take the output directory: not when it holds the output files
+/// of another job that could still be resumed or is complete (unless `--fresh`). The
+/// record naming this job is written once the earlier output is gone
+/// (`Job::write_claim`): a stop in between leaves the earlier record, so the next run
+/// decides as this one did.
+fn check_claim(options: &ReplayOptions, existing: Option<&JobRecord>) -> Result<()> {
+    let io = options.io.as_ref();
+    let out = &options.out;
+    let names = output::output_names(io, out)?;
+    if !options.fresh && !names.is_empty() {
+        let message = match existing {
+            // An in-memory job's output can never be resumed: the next run redoes it.
+            Some(r) if r.state.is_none() => None,
+            Some(r) => Some(format!(
+                "holds the output of {}, which this run would delete: resume that job \
+                 with its state (if the state still holds it), use --fresh to discard the \
+                 output, or choose another --out",
+                r.state_shown()
+            )),
+            None => Some(
+                "holds output files (changes/epoch-*.parquet) of no job this version of \
+                 backfill knows, which this run would delete: use --fresh to discard them, \
+                 or choose another --out"
+                    .to_string(),
+            ),
+        };
+        if let Some(message) = message {
+            return Err(Error::StateConflict {
+                path: out.clone(),
+                message,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The identity of a replay job, recorded in the state so that a state directory is never
@@ -775,42 +818,6 @@ impl<'a, S: StateStore> Job<'a, S> {
         Ok(files)
     }
 
-    /// Whether a new job may take the output directory: not when it holds the output files
-    /// of another job that could still be resumed or is complete (unless `--fresh`). The
-    /// record naming this job is written once the earlier output is gone
-    /// ([`Self::write_claim`]): a stop in between leaves the earlier record, so the next run
-    /// decides as this one did.
-    fn check_claim(&self, existing: Option<&JobRecord>) -> Result<()> {
-        let io = self.options.io.as_ref();
-        let out = &self.options.out;
-        let names = output::output_names(io, out)?;
-        if !self.options.fresh && !names.is_empty() {
-            let message = match existing {
-                // An in-memory job's output can never be resumed: the next run redoes it.
-                Some(r) if r.state.is_none() => None,
-                Some(r) => Some(format!(
-                    "holds the output of {}, which this run would delete: resume that job \
-                     with its state (if the state still holds it), use --fresh to discard the \
-                     output, or choose another --out",
-                    r.state_shown()
-                )),
-                None => Some(
-                    "holds output files (changes/epoch-*.parquet) of no job this version of \
-                     backfill knows, which this run would delete: use --fresh to discard them, \
-                     or choose another --out"
-                        .to_string(),
-                ),
-            };
-            if let Some(message) = message {
-                return Err(Error::StateConflict {
-                    path: out.clone(),
-                    message,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Names this new job in the output's record, before it writes any output file (and
     /// after the earlier output was removed).
     fn write_claim(&self) -> Result<()> {
@@ -916,7 +923,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 )?;
             }
             None => {
-                self.check_claim(out_record.as_ref())?;
+                check_claim(self.options, out_record.as_ref())?;
                 self.job_id = output::new_job_id();
             }
         }
