@@ -36,8 +36,8 @@ fn generate(dir: &Path, name: &str) -> PathBuf {
     out
 }
 
-/// A replay of `dataset` into `out` (extra options after), to the end.
-fn replay(dataset: &Path, out: &Path, extra: &[&str]) -> Output {
+/// The replay command of these tests, `extra` options after.
+fn replay_args<'a>(dataset: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "replay",
         p(dataset),
@@ -49,25 +49,28 @@ fn replay(dataset: &Path, out: &Path, extra: &[&str]) -> Output {
         "16",
     ];
     args.extend_from_slice(extra);
-    run(&args)
+    args
+}
+
+/// A replay of `dataset` into `out` (extra options after), to the end.
+fn replay(dataset: &Path, out: &Path, extra: &[&str]) -> Output {
+    run(&replay_args(dataset, out, extra))
+}
+
+/// [`replay`], which must succeed.
+fn replayed(dataset: &Path, out: &Path, extra: &[&str]) -> Output {
+    let o = replay(dataset, out, extra);
+    assert!(o.status.success(), "{}", text(&o));
+    o
 }
 
 /// A slow durable replay killed with SIGKILL once it published `files` output files.
 fn replay_killed(dataset: &Path, out: &Path, extra: &[&str], files: usize) {
-    let mut args = vec![
-        "replay",
-        p(dataset),
-        "--out",
-        p(out),
-        "--progress",
-        "none",
-        "--vnodes",
-        "16",
-        "--batch-size",
-        "64",
-        "--upstream-rate",
-        "600",
-    ];
+    let mut args = replay_args(
+        dataset,
+        out,
+        &["--batch-size", "64", "--upstream-rate", "600"],
+    );
     args.extend_from_slice(extra);
     let mut child: Child = bin()
         .args(&args)
@@ -144,8 +147,7 @@ fn paths_are_compared_by_what_they_name() {
     assert_eq!(files_under(&dataset), before, "the dataset was touched");
     assert!(!tmp.path().join("nope").exists());
     // The dataset still replays.
-    let o = replay(&dataset, &out, &["--verify"]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &out, &["--verify"]);
 }
 
 #[test]
@@ -153,8 +155,7 @@ fn a_linked_changes_directory_is_refused_and_its_target_untouched() {
     let tmp = tempfile::tempdir().unwrap();
     let dataset = generate(tmp.path(), "ds");
     let other = tmp.path().join("other");
-    let o = replay(&dataset, &other, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &other, &[]);
     let other_files = files_under(&other);
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
@@ -202,13 +203,11 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
     );
     assert_eq!(published(&out), kept, "the durable output was touched");
     // With --fresh the memory run replaces it; the durable state no longer resumes there.
-    let o = replay(&dataset, &out, &["--memory", "--fresh", "--verify"]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &out, &["--memory", "--fresh", "--verify"]);
     refused(&replay(&dataset, &out, &[]), "belongs to job");
     verified(&dataset, &out);
     // --fresh starts the durable job over.
-    let o = replay(&dataset, &out, &["--fresh", "--verify"]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &out, &["--fresh", "--verify"]);
 
     // A finished durable output: a --memory run without --fresh leaves it whole.
     let complete = published(&out);
@@ -217,16 +216,14 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
         "holds the output of job",
     );
     assert_eq!(published(&out), complete);
-    let o = replay(&dataset, &out, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = replayed(&dataset, &out, &[]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("already finished"));
     verified(&dataset, &out);
 
     // One --state for two outputs: the second output is refused.
     let state = tmp.path().join("shared-state");
     let first = tmp.path().join("first");
-    let o = replay(&dataset, &first, &["--state", p(&state)]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &first, &["--state", p(&state)]);
     let second = tmp.path().join("second");
     refused(
         &replay(&dataset, &second, &["--state", p(&state)]),
@@ -287,8 +284,7 @@ fn a_resume_checks_every_committed_output_file() {
     );
     // A finished output with a file deleted is not "already finished".
     let out = tmp.path().join("finished");
-    let o = replay(&dataset, &out, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &out, &[]);
     let files = published(&out);
     std::fs::remove_file(out.join("changes").join(files.last().unwrap())).unwrap();
     refused(&replay(&dataset, &out, &[]), "is missing");
@@ -334,8 +330,7 @@ fn a_dataset_file_changed_in_place_is_another_dataset() {
     let o = replay(&dataset, &out, &[]);
     refused(&o, "snapshot files changed");
     // --fresh accepts it as the new dataset.
-    let o = replay(&dataset, &out, &["--fresh", "--verify"]);
-    assert!(o.status.success(), "{}", text(&o));
+    replayed(&dataset, &out, &["--fresh", "--verify"]);
 }
 
 #[test]
@@ -343,8 +338,7 @@ fn a_certificate_mismatch_exits_three_every_time() {
     let tmp = tempfile::tempdir().unwrap();
     let dataset = generate(tmp.path(), "ds");
     let out = tmp.path().join("out");
-    let o = replay(&dataset, &out, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = replayed(&dataset, &out, &[]);
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
     // One epoch for one output: the replay's and verify's certificates name the same one.
     let epoch_of = |s: &str| {
@@ -379,8 +373,7 @@ fn a_certificate_mismatch_exits_three_every_time() {
     let mut value = value;
     value.as_object_mut().unwrap().remove("finished");
     std::fs::write(&record_path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let o = replay(&dataset, &out, &[]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = replayed(&dataset, &out, &[]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("already finished"));
     assert!(
         std::fs::read_to_string(&record_path)
