@@ -71,8 +71,15 @@ impl DirLock {
 fn locked(path: std::path::PathBuf, file: &mut File) -> Error {
     let mut holder = String::new();
     let _ = file.read_to_string(&mut holder);
+    let own = std::process::id().to_string();
     let holder = match holder.trim() {
         "" => "another process".to_string(),
+        // Opened twice in one process: another process id would send the user looking for
+        // a process that is not there.
+        pid if pid == own => format!(
+            "this process ({pid}) already: it is opened twice, so close the first store (or \
+             handle) before opening it again"
+        ),
         pid => format!("process {pid}"),
     };
     Error::Locked { path, holder }
@@ -88,10 +95,10 @@ mod tests {
         let first = DirLock::acquire(dir.path()).unwrap();
         let err = DirLock::acquire(dir.path()).unwrap_err();
         assert!(matches!(err, Error::Locked { .. }));
-        assert!(
-            err.to_string().contains(&std::process::id().to_string()),
-            "{err}"
-        );
+        let message = err.to_string();
+        assert!(message.contains(&std::process::id().to_string()), "{err}");
+        assert!(message.contains("this process"), "{err}");
+        assert!(message.contains("opened twice"), "{err}");
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
     }
