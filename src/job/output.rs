@@ -289,6 +289,17 @@ pub struct FinishRecord {
     pub certificate: String,
 }
 
+impl FinishRecord {
+    /// The end of a job whose final certificate is `certificate`.
+    pub fn of(certificate: &crate::job::Certificate) -> Self {
+        Self {
+            epoch: certificate.epoch,
+            certificate_matches: certificate.matches(),
+            certificate: certificate.describe(),
+        }
+    }
+}
+
 /// The output's job record (`OUT/.backfill-job`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {

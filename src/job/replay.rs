@@ -383,18 +383,12 @@ pub async fn run_replay_until(
             // Existing directories have something to lose: nothing is touched before the
             // dataset is known good. A signal meanwhile stops the run at once.
             let mut validation = Validation::first_in_background(dataset, desc)?;
-            while validation.is_running() {
-                tokio::select! {
-                    biased;
-                    signal = interrupted.as_mut() => {
-                        return Err(Error::Interrupted {
-                            signal: signal.name(),
-                            code: signal.exit_code(),
-                            committed: None,
-                        });
-                    }
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                }
+            if let Some(signal) = validation_done(&validation, interrupted.as_mut()).await {
+                return Err(Error::Interrupted {
+                    signal: signal.name(),
+                    code: signal.exit_code(),
+                    committed: None,
+                });
             }
             validation.finish()?;
             validation
@@ -450,6 +444,21 @@ async fn run_validated(
             job.run(validation, on_progress, interrupted).await
         }
     }
+}
+
+/// Waits until `validation` has ended, or returns the signal that came first.
+async fn validation_done(
+    validation: &Validation,
+    mut interrupted: std::pin::Pin<&mut impl Future<Output = Interrupt>>,
+) -> Option<Interrupt> {
+    while validation.is_running() {
+        tokio::select! {
+            biased;
+            signal = interrupted.as_mut() => return Some(signal),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    None
 }
 
 /// Whether a new job may take the output directory: not when it holds the output files
@@ -821,13 +830,18 @@ impl<'a, S: StateStore> Job<'a, S> {
     /// Names this new job in the output's record, before it writes any output file (and
     /// after the earlier output was removed).
     fn write_claim(&self) -> Result<()> {
+        self.write_record(None)
+    }
+
+    /// Writes the output's job record naming this job (and how it ended, once it has).
+    fn write_record(&self, finished: Option<FinishRecord>) -> Result<()> {
         let record = JobRecord {
             job: self.job_id.clone(),
             state: match &self.options.state {
                 StateChoice::Durable(dir) => Some(Place::of(dir)?.path),
                 StateChoice::Memory => None,
             },
-            finished: None,
+            finished,
         };
         record.write(self.options.io.as_ref(), &self.options.out)
     }
@@ -846,11 +860,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                     self.dataset,
                     &self.options.out,
                 )?;
-                let finish = FinishRecord {
-                    epoch: c.epoch,
-                    certificate_matches: c.matches(),
-                    certificate: c.describe(),
-                };
+                let finish = FinishRecord::of(&c);
                 record.finished = Some(finish.clone());
                 record.write(self.options.io.as_ref(), &self.options.out)?;
                 finish
@@ -992,12 +1002,8 @@ impl<'a, S: StateStore> Job<'a, S> {
                     .await?;
                 // Nothing of a bad dataset is committed: the load's commit waits for the
                 // validation, whose error (naming file and row) wins over the load's.
-                while validation.is_running() {
-                    tokio::select! {
-                        biased;
-                        signal = &mut interrupted => return Err(self.interruption(signal)),
-                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    }
+                if let Some(signal) = validation_done(validation, interrupted.as_mut()).await {
+                    return Err(self.interruption(signal));
                 }
                 let dataset = validation.finish()?;
                 self.expected = validation.expected_digest().cloned();
@@ -1140,20 +1146,8 @@ impl<'a, S: StateStore> Job<'a, S> {
     /// Records the end of the job in its output's job record (the dataset epoch and the
     /// certificate); a mismatch is then the job's error: the output stays as it is.
     fn record_finish(&self, certificate: &Certificate) -> Result<()> {
-        let finish = FinishRecord {
-            epoch: certificate.epoch,
-            certificate_matches: certificate.matches(),
-            certificate: certificate.describe(),
-        };
-        let record = JobRecord {
-            job: self.job_id.clone(),
-            state: match &self.options.state {
-                StateChoice::Durable(dir) => Some(Place::of(dir)?.path),
-                StateChoice::Memory => None,
-            },
-            finished: Some(finish.clone()),
-        };
-        record.write(self.options.io.as_ref(), &self.options.out)?;
+        let finish = FinishRecord::of(certificate);
+        self.write_record(Some(finish.clone()))?;
         if finish.certificate_matches {
             Ok(())
         } else {
