@@ -70,6 +70,21 @@ impl Op {
         matches!(self, Op::Insert | Op::UpdateInsert)
     }
 
+    /// True for ops that remove a row (`Delete`, `UpdateDelete`).
+    pub fn is_delete(self) -> bool {
+        matches!(self, Op::Delete | Op::UpdateDelete)
+    }
+
+    /// The op's name in messages: `insert`, `delete`, `update-delete`, `update-insert`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Delete => "delete",
+            Op::UpdateDelete => "update-delete",
+            Op::UpdateInsert => "update-insert",
+        }
+    }
+
     /// The text-form token: `+`, `-`, `U-`, `U+`.
     pub fn token(self) -> &'static str {
         match self {

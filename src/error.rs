@@ -79,6 +79,29 @@ pub enum Error {
         /// The schema that was given.
         found: String,
     },
+    /// An upstream change that does not fit the table it changes (the job's checks, see
+    /// `BackfillJob`): a duplicate insert, a delete or update of a key the table does not
+    /// hold, old values that differ from the stored row.
+    #[error("bad upstream change in epoch {epoch} at key {key}: {problem}")]
+    BadChange {
+        /// The job's epoch the change was sent in.
+        epoch: u64,
+        /// The key columns and values of the row.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A job identity already used with another definition (table, columns, key, vnodes):
+    /// a job resumes only the work it started.
+    #[error(
+        "job `{job}` was started with another definition: {differences}; use a new job identity for a new view (or reset this one)"
+    )]
+    JobDefinition {
+        /// The job identity.
+        job: String,
+        /// What differs, stored against given.
+        differences: String,
+    },
     /// A table id that the store does not know.
     #[error("unknown table {0}")]
     UnknownTable(String),
@@ -267,6 +290,8 @@ impl Error {
                 | Error::StateConflict { .. }
                 | Error::InvalidConfig(_)
                 | Error::Protocol(_)
+                | Error::BadChange { .. }
+                | Error::JobDefinition { .. }
         )
     }
 

@@ -21,8 +21,10 @@
 //!
 //! | What | Types |
 //! |------|-------|
-//! | a job for embedders | [`BackfillJob`]: upstream changes in, the backfill's output out, checkpoints committed |
-//! | parallel actors | [`ParallelBackfill`]: a hash dispatcher, N backfill actors (tokio tasks), a barrier-aligned merge, online rescale; [`VnodeMap`], [`JobControl`] (pause, resume, throttle, rescale at the next barrier), [`JobProgress`] |
+//! | the job | [`BackfillJob`] (a named view of a table, over 1 to N actors), [`JobOptions`], [`Change`] (what it takes), [`ResumePoint`], [`JobControl`] (pause, resume, throttle, rescale, barrier, stop), [`JobProgress`], [`JobSummary`] |
+//! | loading a table | [`load_table`] (any Arrow reader), [`load_parquet`] |
+//! | exactly-once sinks | [`ExactlyOnceSink`], [`PreparedCheckpoint`], [`Recovery`] |
+//! | parallel actors, by hand | [`ParallelBackfill`], [`VnodeMap`] |
 //! | the backfill | [`BackfillExecutor`], [`BackfillConfig`], [`SnapshotOrder`], [`BackfillStats`] |
 //! | its output | [`BackfillStream`] (messages), [`ChangelogStream`] (changelog batches), [`ChangelogReader`] (a blocking `RecordBatchReader`, exported as an Arrow C stream by [`ChangelogReader::into_ffi_stream`]) |
 //! | changes and messages | [`StreamChunk`], [`Op`], [`Message`], [`Barrier`], [`BarrierKind`], [`EpochPair`], [`Mutation`], [`Watermark`] |
@@ -33,34 +35,29 @@
 //!
 //! ## Example: a backfill inside an Arrow pipeline
 //!
-//! Define a table and load its rows, start a [`BackfillJob`] fed by the upstream's changes
-//! and barriers, collect the downstream. The job writes the changes to the upstream table,
-//! seals it at every barrier and commits the store at every checkpoint collected.
+//! Load the upstream table, start a [`BackfillJob`] (a view of it, named) fed by the
+//! upstream's changes, collect the downstream. The job checks every change against the table,
+//! writes it, closes epochs, and commits a checkpoint as the consumer moves past its barrier;
+//! it ends once the source has ended and the backfill has finished.
 //!
 //! ```
 //! use std::sync::Arc;
 //!
 //! use arrangement_backfill::{
-//!     BackfillConfig, BackfillJob, Barrier, BarrierKind, EpochPair, KeyColumn, MemoryStore,
-//!     Message, Op, StateStore, StateTable, StreamChunk, TableDesc, VnodeBitmap,
+//!     BackfillJob, Change, JobOptions, KeyColumn, MemoryStore, Message, StreamChunk, TableDesc,
+//!     load_table,
 //! };
-//! use arrow_array::{Int64Array, RecordBatch, StringArray};
+//! use arrow_array::{Int64Array, RecordBatch, RecordBatchIterator, StringArray};
 //! use arrow_schema::{DataType, Field, Schema};
 //! use futures::StreamExt;
 //!
 //! # fn main() -> arrangement_backfill::Result<()> {
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
-//! // 1. An upstream table keyed by `id`, over the default 256 vnodes.
+//! # tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(async {
+//! // 1. An upstream table keyed by `id` (over the default 256 vnodes), loaded and committed.
 //! let schema = Arc::new(Schema::new(vec![
 //!     Field::new("id", DataType::Int64, false),
 //!     Field::new("name", DataType::Utf8, true),
 //! ]));
-//! let store = MemoryStore::new();
-//! let desc = store.create_table(TableDesc::new("users", schema.clone(), vec![KeyColumn::asc("id")])?)?;
-//! let all_vnodes = VnodeBitmap::full(desc.vnode_count());
-//!
-//! // 2. Its existing rows, committed at epoch 1.
-//! let mut loader = store.table("users", all_vnodes.clone())?;
 //! let rows = RecordBatch::try_new(
 //!     schema.clone(),
 //!     vec![
@@ -68,40 +65,37 @@
 //!         Arc::new(StringArray::from_iter_values((0..1000).map(|i| format!("user-{i}")))),
 //!     ],
 //! )?;
-//! loader.write(&StreamChunk::inserts(rows))?;
-//! loader.seal(1)?;
-//! store.commit(1)?;
+//! let store = MemoryStore::new();
+//! let desc = TableDesc::new("users", schema.clone(), vec![KeyColumn::asc("id")])?;
+//! load_table(&store, desc, RecordBatchIterator::new([Ok(rows)], schema.clone()))?;
 //!
-//! // 3. A backfill job fed by the upstream's change stream (here, a channel).
-//! let (mut tx, rx) = futures::channel::mpsc::channel::<arrangement_backfill::Result<Message>>(16);
-//! let mut job = BackfillJob::start(&store, "users", all_vnodes, BackfillConfig::default(), rx)?;
-//! let progress = job.stats();
+//! // 2. A view of it, fed by the upstream's change stream (here, a channel).
+//! let (changes, source) = futures::channel::mpsc::unbounded();
+//! let mut job = BackfillJob::start(&store, "users_view", "users", JobOptions::default(), source)?;
 //!
-//! // 4. The upstream keeps changing while the backfill runs: epoch 2 updates a row and adds one.
-//! let mut send = |m| tx.try_send(Ok(m)).expect("channel has room");
-//! send(Message::Barrier(Barrier::new(EpochPair::new(2, 1), BarrierKind::Checkpoint)));
-//! send(Message::Chunk(StreamChunk::from_text(&schema, "U- 7 user-7\nU+ 7 renamed\n+ 5000 newcomer")?));
-//! send(Message::Barrier(Barrier::new(EpochPair::new(3, 2), BarrierKind::Checkpoint)));
-//! send(Message::Barrier(Barrier::new(EpochPair::new(4, 3), BarrierKind::Checkpoint)));
+//! // 3. The upstream keeps changing while the backfill runs: an update, an insert, a delete
+//! //    by key (its other columns NULL), then the source ends.
+//! let text = "U- 7 user-7\nU+ 7 renamed\n+ 5000 newcomer\n- 9 NULL";
+//! changes.unbounded_send(Ok(Change::Chunk(StreamChunk::from_text(&schema, text)?))).expect("running");
+//! drop(changes);
 //!
-//! // 5. Collect downstream batches until the last barrier.
-//! let mut inserted = 0;
+//! // 4. Collect the downstream: every row once, as the table ends.
+//! let mut net = 0i64;
 //! while let Some(message) = job.next().await {
-//!     match message? {
-//!         Message::Chunk(chunk) => {
-//!             inserted += chunk.ops().iter().filter(|op| **op == Op::Insert).count()
-//!         }
-//!         Message::Barrier(barrier) if barrier.epoch.curr == 4 => break,
-//!         _ => {}
+//!     if let Message::Chunk(chunk) = message? {
+//!         net += chunk.ops().iter().map(|op| if op.is_insert() { 1 } else { -1 }).sum::<i64>();
 //!     }
 //! }
-//! assert_eq!(inserted, 1001, "every row exactly once, plus the newcomer");
-//! assert!(progress.borrow().finished);
-//! assert_eq!(store.committed_epoch()?, Some(3));
+//! assert_eq!(net, 1000);
+//! assert!(job.summary().finished);
 //! # Ok::<(), arrangement_backfill::Error>(())
 //! # })
 //! # }
 //! ```
+//!
+//! The contract (identity, epochs, checkpoints, resume, checks) is on [`BackfillJob`]; an
+//! exactly-once sink implements [`ExactlyOnceSink`] and runs the job with
+//! [`BackfillJob::run`].
 //!
 //! The same output as changelog batches, for Arrow pipelines: [`BackfillJob::into_changelog`]
 //! (a [`ChangelogStream`]); as an Arrow C stream for pyarrow, DuckDB or Polars:
@@ -163,7 +157,11 @@ pub use backfill::{
 pub use chunk::{Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamChunk, Watermark};
 pub use error::{Error, Result};
 pub use ffi::ChangelogReader;
-pub use job::{BackfillJob, JobControl, JobProgress, ParallelBackfill, VnodeMap};
+pub use job::{
+    BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, JobSummary, Loaded,
+    ParallelBackfill, PreparedCheckpoint, Recovery, ResumePoint, VnodeMap, load_parquet,
+    load_table,
+};
 pub use key::{KeyColumn, Position, PrimaryKey};
 pub use store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
 pub use table::{Distribution, TableDesc};

@@ -42,9 +42,16 @@ impl BarrierInjector {
     /// The next barrier. The first is a normal barrier closing the committed epoch; later
     /// ones are checkpoints every `checkpoint_every`, and always when they carry `Stop`.
     pub fn next(&mut self, mutation: Option<Mutation>) -> Barrier {
+        self.next_with(mutation, false)
+    }
+
+    /// [`BarrierInjector::next`], a checkpoint also when `checkpoint` (except the first
+    /// barrier, which closes the committed epoch).
+    pub fn next_with(&mut self, mutation: Option<Mutation>, checkpoint: bool) -> Barrier {
         let epoch = EpochPair::new(self.curr + 1, self.curr);
         let checkpoint = self.injected > 0
-            && (self.injected.is_multiple_of(self.checkpoint_every)
+            && (checkpoint
+                || self.injected.is_multiple_of(self.checkpoint_every)
                 || mutation == Some(Mutation::Stop));
         self.curr += 1;
         self.injected += 1;

@@ -1,4 +1,5 @@
-//! Online control of a running job: pause, resume, throttle and rescale from outside.
+//! Online control of a running job: pause, resume, throttle and rescale from outside; and,
+//! for a [`BackfillJob`](crate::BackfillJob), barriers and a stop on request.
 //!
 //! A [`JobControl`] queues mutations; the job runtime's dispatcher attaches the oldest one to
 //! the next barrier that carries none of its own (a `Rescale` waits for the next checkpoint
@@ -13,6 +14,7 @@ use futures::channel::mpsc;
 use crate::chunk::Mutation;
 use crate::error::{Error, Result};
 use crate::job::dispatcher::VnodeMap;
+use crate::job::feeder::Request;
 use crate::vnode::{VnodeBitmap, VnodeCount};
 
 /// Requests queued and not yet attached to a barrier, at most.
@@ -23,12 +25,54 @@ pub const CONTROL_CAPACITY: usize = 16;
 pub struct JobControl {
     tx: mpsc::Sender<Mutation>,
     vnodes: VnodeCount,
+    /// The job's upstream task, for barriers and stops on request.
+    requests: Option<mpsc::UnboundedSender<Request>>,
 }
 
 impl JobControl {
     pub(crate) fn new(vnodes: VnodeCount) -> (Self, mpsc::Receiver<Mutation>) {
         let (tx, rx) = mpsc::channel(CONTROL_CAPACITY);
-        (Self { tx, vnodes }, rx)
+        (
+            Self {
+                tx,
+                vnodes,
+                requests: None,
+            },
+            rx,
+        )
+    }
+
+    /// The same handle, with barriers and stops sent to a job's upstream task.
+    pub(crate) fn with_requests(mut self, requests: mpsc::UnboundedSender<Request>) -> Self {
+        self.requests = Some(requests);
+        self
+    }
+
+    fn request(&self, request: Request) -> Result<()> {
+        let requests = self.requests.as_ref().ok_or_else(|| {
+            Error::InvalidConfig(
+                "this job has no upstream task of its own: its source sends the barriers".into(),
+            )
+        })?;
+        requests
+            .unbounded_send(request)
+            .map_err(|_| Error::Protocol("the job has ended".into()))
+    }
+
+    /// Closes the open epoch now (a barrier; a checkpoint when it is due).
+    pub fn barrier(&self) -> Result<()> {
+        self.request(Request::Barrier)
+    }
+
+    /// Closes the open epoch now with a checkpoint.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.request(Request::Checkpoint)
+    }
+
+    /// Ends the job at its next barrier, a checkpoint, whether the backfill has finished or
+    /// not: the job can be resumed from it.
+    pub fn stop(&self) -> Result<()> {
+        self.request(Request::Stop)
     }
 
     fn send(&self, mutation: Mutation) -> Result<()> {

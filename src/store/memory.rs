@@ -30,6 +30,7 @@ type Layer = HashMap<VirtualNode, Arc<Run>>;
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     inner: Arc<RwLock<Inner>>,
+    writers: super::WriterClaims,
 }
 
 #[derive(Debug, Default)]
@@ -192,6 +193,10 @@ impl StateStore for MemoryStore {
         let staged = std::mem::take(&mut inner.staged_meta);
         inner.meta.extend(staged);
         Ok(())
+    }
+
+    fn writer_claims(&self) -> &super::WriterClaims {
+        &self.writers
     }
 
     fn committed_epoch(&self) -> Result<Option<u64>> {

@@ -47,7 +47,7 @@ use arrow_array::{Array, BinaryArray, RecordBatch};
 use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType};
 
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
@@ -200,6 +200,44 @@ impl KeyedBatch {
     }
 }
 
+/// Which job writes each upstream table of a store, in this process: one job at a time, so
+/// that no change is applied twice. Shared by a store's clones.
+#[derive(Debug, Clone, Default)]
+pub struct WriterClaims(Arc<std::sync::Mutex<hashbrown::HashMap<String, String>>>);
+
+impl WriterClaims {
+    /// Claims `table` for `job` until the returned claim is dropped.
+    pub fn claim(&self, table: &str, job: &str) -> Result<WriterClaim> {
+        let mut writers = (self.0.lock()).map_err(|_| internal!("writer claims poisoned"))?;
+        if let Some(other) = writers.get(table) {
+            return Err(Error::InvalidConfig(format!(
+                "table `{table}` is being written by job `{other}`, which is still running: one \
+                 job writes a table at a time (stop or drop it first)"
+            )));
+        }
+        writers.insert(table.to_string(), job.to_string());
+        Ok(WriterClaim {
+            claims: self.clone(),
+            table: table.to_string(),
+        })
+    }
+}
+
+/// A job's claim on an upstream table ([`WriterClaims::claim`]); released when dropped.
+#[derive(Debug)]
+pub struct WriterClaim {
+    claims: WriterClaims,
+    table: String,
+}
+
+impl Drop for WriterClaim {
+    fn drop(&mut self) {
+        if let Ok(mut writers) = self.claims.0.lock() {
+            writers.remove(&self.table);
+        }
+    }
+}
+
 /// A store of versioned tables.
 pub trait StateStore: Clone + Send + Sync + 'static {
     /// The handle type.
@@ -230,6 +268,9 @@ pub trait StateStore: Clone + Send + Sync + 'static {
 
     /// The committed job values whose keys start with `prefix`, in key order.
     fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>>;
+
+    /// The jobs writing this store's tables now (see [`WriterClaims`]).
+    fn writer_claims(&self) -> &WriterClaims;
 
     /// Folds committed changes into the committed base now, on this thread, where the store
     /// keeps them apart (a bulk load's sorted pieces, delta runs). Reads are the same before

@@ -135,6 +135,7 @@ pub struct DurableStore {
     shared: Arc<Shared>,
     /// The background compactor, stopped and joined when the last clone goes.
     compactor: Arc<Mutex<Option<compaction::Compactor>>>,
+    writers: super::WriterClaims,
 }
 
 #[derive(Debug)]
@@ -723,6 +724,7 @@ impl DurableStore {
                 _lock: lock,
             }),
             compactor: Arc::new(Mutex::new(None)),
+            writers: super::WriterClaims::default(),
         };
         if store.shared.options.compaction == Compaction::Background {
             let compactor = compaction::Compactor::start(Arc::downgrade(&store.shared))?;
@@ -1174,6 +1176,10 @@ impl StateStore for DurableStore {
             Compaction::Manual => {}
         }
         Ok(())
+    }
+
+    fn writer_claims(&self) -> &super::WriterClaims {
+        &self.writers
     }
 
     fn committed_epoch(&self) -> Result<Option<u64>> {

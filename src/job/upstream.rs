@@ -1,0 +1,257 @@
+//! What a job takes from the upstream ([`Change`]) and the checks every change passes before
+//! the job writes it into the upstream table ([`Checker`]).
+//!
+//! The table model the checks hold the upstream to, key by key:
+//!
+//! ```text
+//!   + / U+   the key must be absent (no duplicate insert)
+//!   - / U-   the key must be present, with the same values in every column; a delete whose
+//!            non-key columns are all NULL (or a changelog batch with only the key columns)
+//!            is a delete by key: the job takes the old values from the table, as CDC sources
+//!            such as Debezium send deletes
+//! ```
+//!
+//! A change is checked against the table as of the last sealed epoch and the changes of the
+//! open epoch before it (kept in memory until the epoch is sealed: memory grows with an
+//! epoch's changes, not with the table).
+
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, RecordBatch, new_null_array};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::{Field, Schema, SchemaRef};
+use hashbrown::HashMap;
+
+use crate::chunk::StreamChunk;
+use crate::error::{Error, Result};
+use crate::store::StateTable;
+use crate::table::TableDesc;
+
+/// One item of the upstream's change stream, as a [`BackfillJob`](crate::BackfillJob) takes
+/// it. The job numbers epochs itself: a source says where an epoch ends, not its number.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Changes with their ops, of the table's schema.
+    Chunk(StreamChunk),
+    /// A changelog batch: `_op` (Int8: 1 insert, 2 delete, 3 update-delete, 4 update-insert),
+    /// optionally `_epoch` (UInt64: the source's own epoch; a new value closes the job's open
+    /// epoch, and the resume point names the last one applied), then the table's columns. A
+    /// batch of deletes may carry only the key columns (see the module docs).
+    Changelog(RecordBatch),
+    /// Closes the open epoch here (a barrier; every `checkpoint_every`-th is a checkpoint).
+    Barrier,
+    /// Closes the open epoch here with a checkpoint.
+    Checkpoint,
+}
+
+impl From<StreamChunk> for Change {
+    fn from(chunk: StreamChunk) -> Self {
+        Self::Chunk(chunk)
+    }
+}
+
+impl From<RecordBatch> for Change {
+    fn from(batch: RecordBatch) -> Self {
+        Self::Changelog(batch)
+    }
+}
+
+/// A changelog batch as a chunk of the table's schema (key-only deletes padded with NULLs,
+/// resolved by the [`Checker`]), with the `_epoch` of each row when the batch has one.
+pub(crate) fn changelog_chunk(
+    desc: &TableDesc,
+    batch: &RecordBatch,
+) -> Result<(StreamChunk, Option<arrow_array::UInt64Array>)> {
+    let (chunk, epochs) = StreamChunk::from_changelog(batch)?;
+    let schema = desc.schema();
+    if chunk.schema().fields() == schema.fields() {
+        return Ok((chunk, epochs));
+    }
+    let mismatch = |found: String| Error::SchemaMismatch {
+        context: format!("a changelog batch of table `{}`", desc.name()),
+        expected: format!(
+            "the table's columns {:?}",
+            schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+        ),
+        found,
+    };
+    let (batch, ops) = chunk.into_parts();
+    let key = desc.pk().indices();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let mut fields: Vec<Field> = Vec::with_capacity(schema.fields().len());
+    for (i, field) in schema.fields().iter().enumerate() {
+        match batch.column_by_name(field.name()) {
+            Some(column) => {
+                if column.data_type() != field.data_type() {
+                    return Err(mismatch(format!(
+                        "column `{}` of type {}",
+                        field.name(),
+                        column.data_type()
+                    )));
+                }
+                columns.push(column.clone());
+            }
+            None if !key.contains(&i) && ops.iter().all(|op| op.is_delete()) => {
+                columns.push(new_null_array(field.data_type(), batch.num_rows()));
+            }
+            None => {
+                return Err(mismatch(format!(
+                    "no column `{}` (only a batch of deletes may leave out the columns \
+                     outside the key)",
+                    field.name()
+                )));
+            }
+        }
+        fields.push(field.as_ref().clone().with_nullable(true));
+    }
+    if let Some(extra) =
+        (batch.schema().fields().iter()).find(|f| schema.field_with_name(f.name()).is_err())
+    {
+        return Err(mismatch(format!("a column `{}`", extra.name())));
+    }
+    let padded = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+    Ok((StreamChunk::new(padded, ops)?, epochs))
+}
+
+/// Checks changes against the table (see the module docs) and resolves deletes by key.
+pub(crate) struct Checker {
+    desc: Arc<TableDesc>,
+    all_columns: RowConverter,
+    /// Changes since the last seal: encoded key to the row it holds now (`None`: deleted).
+    open: HashMap<Box<[u8]>, Option<(RecordBatch, usize)>>,
+    /// The epoch the table is read at: the last sealed one.
+    sealed: u64,
+}
+
+impl Checker {
+    /// Checks changes to `desc`'s table, sealed up to `sealed`.
+    pub fn new(desc: Arc<TableDesc>, sealed: u64) -> Result<Self> {
+        let fields = (desc.schema().fields().iter())
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        Ok(Self {
+            all_columns: RowConverter::new(fields)?,
+            desc,
+            open: HashMap::new(),
+            sealed,
+        })
+    }
+
+    /// The table was sealed at `epoch`: the open changes are now the table's.
+    pub fn sealed(&mut self, epoch: u64) {
+        self.sealed = epoch;
+        self.open.clear();
+    }
+
+    /// Checks `chunk` (the open epoch `epoch`'s next changes) against `table` and returns it
+    /// with deletes by key filled in from the table, as the table's schema.
+    pub fn check<T: StateTable>(
+        &mut self,
+        table: &T,
+        chunk: StreamChunk,
+        epoch: u64,
+    ) -> Result<StreamChunk> {
+        let schema = self.desc.schema().clone();
+        let batch = chunk.batch();
+        let keys = self.desc.pk().encode(batch)?;
+        let vnodes = self.desc.vnodes_of(batch)?;
+        let rows = self.all_columns.convert_columns(batch.columns())?;
+        let key_columns = self.desc.pk().indices();
+        let others: Vec<usize> = (0..schema.fields().len())
+            .filter(|c| !key_columns.contains(c))
+            .collect();
+        // Rows filled from the table: (row, the stored one-row batch).
+        let mut fills: Vec<(usize, RecordBatch)> = Vec::new();
+        for (i, op) in chunk.ops().iter().enumerate() {
+            let key = keys.value(i);
+            let current = match self.open.get(key) {
+                Some(row) => row.clone(),
+                None => table
+                    .get(vnodes[i], key, self.sealed)?
+                    .map(|stored| (stored, 0)),
+            };
+            let bad = |problem: String| Error::BadChange {
+                epoch,
+                key: describe(batch, key_columns, i),
+                problem,
+            };
+            if op.is_delete() {
+                let Some((stored, row)) = current else {
+                    return Err(bad(format!(
+                        "{} of a key the table does not hold",
+                        op.name()
+                    )));
+                };
+                let by_key =
+                    !others.is_empty() && others.iter().all(|&c| batch.column(c).is_null(i));
+                if by_key {
+                    fills.push((i, stored.slice(row, 1)));
+                } else {
+                    let held = self.all_columns.convert_columns(stored.columns())?;
+                    if held.row(row) != rows.row(i) {
+                        return Err(bad(format!(
+                            "{} whose old values {} differ from the table's {}",
+                            op.name(),
+                            describe(batch, &others, i),
+                            describe(&stored, &others, row)
+                        )));
+                    }
+                }
+                self.open.insert(key.into(), None);
+            } else {
+                if current.is_some() {
+                    return Err(bad(format!(
+                        "{} of a key the table holds already",
+                        op.name()
+                    )));
+                }
+                self.open.insert(key.into(), Some((batch.clone(), i)));
+            }
+        }
+        if fills.is_empty() && batch.schema().fields() == schema.fields() {
+            return Ok(chunk);
+        }
+        // The deletes by key get the table's values; the result has the table's schema.
+        let (batch, ops) = chunk.into_parts();
+        let mut sources: Vec<&RecordBatch> = vec![&batch];
+        sources.extend(fills.iter().map(|(_, stored)| stored));
+        let mut indices: Vec<(usize, usize)> = (0..batch.num_rows()).map(|i| (0, i)).collect();
+        for (n, (row, _)) in fills.iter().enumerate() {
+            indices[*row] = (n + 1, 0);
+        }
+        let columns = (schema.fields().iter().enumerate())
+            .map(|(c, field)| {
+                let arrays: Vec<&dyn Array> =
+                    sources.iter().map(|b| b.column(c).as_ref()).collect();
+                crate::dictionary::interleave(field, &arrays, &indices)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let resolved = RecordBatch::try_new(schema, columns).map_err(|e| {
+            Error::InvalidChunk(format!("the changes do not fit the table's schema: {e}"))
+        })?;
+        // The open map pointed at the unresolved rows; a later delete compares with these.
+        for (i, key) in keys.iter().enumerate() {
+            if let (Some(key), false) = (key, ops[i].is_delete()) {
+                self.open.insert(key.into(), Some((resolved.clone(), i)));
+            }
+        }
+        StreamChunk::new(resolved, ops)
+    }
+}
+
+/// `(name=value, ...)` of `columns` of `batch`'s row `row`, for messages.
+pub(crate) fn describe(batch: &RecordBatch, columns: &[usize], row: usize) -> String {
+    let options = arrow_cast::display::FormatOptions::default().with_null("NULL");
+    let schema: SchemaRef = batch.schema();
+    let parts: Vec<String> = columns
+        .iter()
+        .map(|&c| {
+            let value =
+                arrow_cast::display::ArrayFormatter::try_new(batch.column(c).as_ref(), &options)
+                    .map(|f| f.value(row).to_string())
+                    .unwrap_or_else(|_| "?".into());
+            format!("{}={value}", schema.field(c).name())
+        })
+        .collect();
+    format!("({})", parts.join(", "))
+}
