@@ -19,6 +19,8 @@
 //!   the job also closes one every [`JobOptions::barrier_interval`] and on request
 //!   ([`JobControl::barrier`]). Every [`JobOptions::checkpoint_every`]-th barrier is a
 //!   checkpoint.
+//! - **The first barrier** a job emits closes the epoch it starts at (the store's committed
+//!   one): it carries nothing new, and is never committed again.
 //! - **Checkpoints.** A checkpoint commits, atomically in the store, the upstream table's
 //!   changes, the job's progress and its resume point. Read as a stream, the job commits a
 //!   checkpoint barrier when the consumer asks for the next message after it (so the

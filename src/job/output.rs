@@ -11,7 +11,7 @@
 //!
 //! Invariants this module keeps:
 //! - **Paths are compared by what they are**, never by how they are spelled
-//!   ([`Place`]): the existing part of a path is resolved (symbolic links, `..`), the missing
+//!   (`Place`): the existing part of a path is resolved (symbolic links, `..`), the missing
 //!   part is taken as the directories a replay would create, and containment is decided by
 //!   the device and inode of each existing ancestor, so `nope/../DATASET`, a symbolic link
 //!   and a bind mount of the dataset are all the dataset.

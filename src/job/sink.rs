@@ -90,7 +90,7 @@ pub fn parse_name(name: &str) -> Option<(u64, bool)> {
 }
 
 /// The published output files of a replay in `out`: `out/changes/<name>` for each name
-/// [`parse_name`] accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
+/// `parse_name` accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
 /// of an output (`verify`, the certificate) reads these files and no others; the replay's
 /// recovery and cleanup touch the same names.
 pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {

@@ -131,7 +131,7 @@ impl<S: SnapshotScan> RoundRobin<S> {
 
     /// Gathers whole batches of successive inputs into one output while they fit in `rows`
     /// rows (an output with rows holds at least one batch, each input at most once, and at
-    /// most [`MAX_GATHERED_INPUTS`] inputs).
+    /// most `MAX_GATHERED_INPUTS` inputs).
     pub fn with_output_rows(mut self, rows: usize) -> Self {
         self.output_rows = rows.max(1);
         self

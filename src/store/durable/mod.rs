@@ -27,12 +27,12 @@
 //! A commit costs what it changed: its record names only the vnodes it touched, and its
 //! in-memory install updates only those (live files are reference-counted, compaction
 //! looks only at vnodes given deltas since its last pass). The manifest's rewrite costs
-//! the whole state, but happens once the log has grown [`LOG_GROWTH`] times as large as the
+//! the whole state, but happens once the log has grown `LOG_GROWTH` times as large as the
 //! manifest, so it adds a constant factor to the log's bytes. The formats, byte by byte, are in
 //! `durable/manifest.rs` and `durable/log.rs`.
 //!
 //! Reads merge, per vnode, the base, the committed deltas and the visible sealed layers with
-//! the same [`MergeReader`] as the in-memory store; committed runs are read block by block
+//! the same `MergeReader` as the in-memory store; committed runs are read block by block
 //! from disk (each block checked against its CRC), so memory holds one block per source.
 //!
 //! Invariants:
