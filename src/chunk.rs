@@ -47,7 +47,7 @@ pub enum Op {
 }
 
 impl Op {
-    /// The on-disk code (DESIGN section 3): 1, 2, 3, 4.
+    /// The on-disk code (docs/DESIGN.md section 3): 1, 2, 3, 4.
     pub fn code(self) -> i8 {
         self as i8
     }

@@ -155,9 +155,10 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// A dataset (DESIGN section 9) or a replay's output that is malformed or inconsistent:
-    /// a missing or malformed manifest, an unreadable Parquet file, a NULL or duplicate key, an
-    /// unknown op, a decreasing epoch, a lone update half, a delete of an absent row, ...
+    /// A dataset (docs/DESIGN.md section 10.1) or a replay's output that is malformed or
+    /// inconsistent: a missing or malformed manifest, an unreadable Parquet file, a NULL or
+    /// duplicate key, an unknown op, a decreasing epoch, a lone update half, a delete of an
+    /// absent row, ...
     #[error(
         "{}: {}{message}{}",
         .path.display(),

@@ -14,7 +14,7 @@
 //!
 //! Encoded keys are kept as a [`BinaryArray`] (zero-copy slicing, one buffer per batch).
 //!
-//! **Key equality is SQL equality** (DESIGN section 5): float key columns are normalised
+//! **Key equality is SQL equality** (docs/DESIGN.md section 5): float key columns are normalised
 //! before encoding ([`canonical_floats`]): `-0.0` is `0.0` and every NaN is one NaN, which
 //! orders above every number (as in PostgreSQL). The vnode hash folds floats the same way
 //! ([`crate::vnode`]), so the hash, the order and the duplicate check agree.
@@ -845,7 +845,7 @@ mod tests {
 
         /// Compares two non-null values of one column, ascending.
         ///
-        /// Floats: SQL order (DESIGN section 5), written independently of the encoder: -0.0
+        /// Floats: SQL order (docs/DESIGN.md section 5), written independently of the encoder: -0.0
         /// equals 0.0, every NaN equals every NaN and is above every number (+inf included).
         fn cmp_values(a: &Value, b: &Value) -> Ordering {
             match (a, b) {

@@ -115,6 +115,8 @@
 //!
 //! ## Modules
 //!
+//! The design as built (contract, data path, formats, module map): `docs/DESIGN.md`.
+//!
 //! The modules hold the rest, for those who build on the parts:
 //! - [`chunk`]: change chunks (`RecordBatch` + ops), barriers, messages, the changelog layout.
 //! - [`vnode`]: vnodes and the persisted, vectorized vnode hash.

@@ -1,4 +1,4 @@
-//! One named test per pitfall listed at the end of DESIGN section 7: bugs the systems before
+//! One named test per pitfall listed in docs/DESIGN.md section 7.8: bugs the systems before
 //! us shipped. Each runs the real executor under the oracle harness (which checks I1-I4 at
 //! every barrier) and adds the assertion specific to its pitfall.
 

@@ -1,6 +1,6 @@
 //! The backfill as a state machine without I/O: events in, actions out.
 //!
-//! [`BackfillCore`] knows the algorithm of DESIGN section 7 and nothing of tokio, stores or
+//! [`BackfillCore`] knows the algorithm of docs/DESIGN.md section 7 and nothing of tokio, stores or
 //! channels. The async executor polls its inputs, feeds each event to the core and performs
 //! the [`Action`]s it returns, in order. Tests drive the core directly.
 //!

@@ -1,7 +1,7 @@
 //! Filtering upstream changes against backfill progress.
 //!
 //! At a barrier every buffered upstream chunk is marked, row by row, against the progress of
-//! the row's vnode (DESIGN section 7, step 5):
+//! the row's vnode (docs/DESIGN.md section 7.5):
 //!
 //! ```text
 //!   vnode state      rule

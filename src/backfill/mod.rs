@@ -1,5 +1,6 @@
-//! The arrangement backfill (DESIGN section 7): per-vnode progress, the upstream filter, the
-//! I/O-free core, the async executor, the no-shuffle baseline and the row-at-a-time reference.
+//! The arrangement backfill (docs/DESIGN.md section 7): per-vnode progress, the upstream
+//! filter, the I/O-free core, the async executor, the no-shuffle baseline and the row-at-a-time
+//! reference.
 //!
 //! ```text
 //!                    ┌──────────────────────── executor (async, tokio) ─────────────────────────┐
@@ -23,9 +24,9 @@
 //! - `reference.rs` (feature `testing`): the same algorithm over `Vec` rows and `BTreeMap`s,
 //!   the differential check and the benchmarks' baseline.
 //!
-//! Invariants (DESIGN section 2) are checked by the oracle tests in `tests/`: I1 after every
-//! barrier, I3 on every output change, I4 between barriers, I2 at the end, I6 under a busy
-//! upstream.
+//! Invariants (docs/DESIGN.md section 2.1) are checked by the oracle tests in `tests/`: I1
+//! after every barrier, I3 on every output change, I4 between barriers, I2 at the end, I6 under
+//! a busy upstream.
 
 pub(crate) mod core;
 pub(crate) mod executor;

@@ -2,7 +2,7 @@
 //!
 //! The same algorithm as [`BackfillCore`](crate::backfill::BackfillCore) with an
 //! [`ArrangementTracker`](crate::backfill::ArrangementTracker) and the k-way merge
-//! (DESIGN section 7), written as plainly as possible: rows are `Vec<Value>`, each vnode's
+//! (docs/DESIGN.md section 7), written as plainly as possible: rows are `Vec<Value>`, each vnode's
 //! replicated table is a `BTreeMap`, keys compare column by column with a comparator of its
 //! own (not arrow-row), the vnode of a row comes from the per-row
 //! [`vnode_of_row`](crate::vnode::vnode_of_row). No Arrow kernel runs in its hot path.
@@ -97,7 +97,8 @@ impl Value {
         match (self, other) {
             (Value::Int(a), Value::Int(b)) => a.cmp(b),
             (Value::UInt(a), Value::UInt(b)) => a.cmp(b),
-            // SQL order (DESIGN section 5): -0.0 is 0.0, NaNs are equal and above every number.
+            // SQL order (docs/DESIGN.md section 5): -0.0 is 0.0, NaNs are equal and above every
+            // number.
             (Value::Float(a), Value::Float(b)) => match (a.is_nan(), b.is_nan()) {
                 (true, true) => Ordering::Equal,
                 (true, false) => Ordering::Greater,
@@ -465,7 +466,7 @@ impl ReferenceBackfill {
     }
 
     /// The rows of `chunk` that the current progress lets through, with update pairs repaired
-    /// (the per-row filter rule of DESIGN section 7, step 5).
+    /// (the per-row filter rule of docs/DESIGN.md section 7.5).
     pub fn filter(&self, chunk: &StreamChunk) -> Result<Vec<(Op, Row)>> {
         let changes = self.changes_of(chunk)?;
         Ok(self.filter_changes(&changes))

@@ -694,10 +694,10 @@ impl<'a, S: StateStore> Job<'a, S> {
         })
     }
 
-    /// Bulk loads the snapshot into the upstream table, sealed at the snapshot epoch (not
-    /// committed).
-    /// Loads the snapshot: from `feed` (the batches a validation beside the load decodes)
-    /// or read here.
+    /// Bulk loads the snapshot into the upstream table and seals it at the snapshot epoch
+    /// (the caller commits it, once the validation passed). The batches come from `feed` (the
+    /// ones a validation beside the load decodes) or are read here.
+    ///
     /// Stops between batches once `stop` is set (with [`Error::Internal`]; the caller
     /// reports the interruption). Runs on a blocking thread of its own, so the job can
     /// watch for signals meanwhile.

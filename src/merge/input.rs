@@ -6,9 +6,9 @@
 //!   [1 2] [2 3]          -->  Some([1 2]), Err(OrderViolation { row: 0 })
 //! ```
 //!
-//! The order check is the cheap runtime check of DESIGN section 5: every batch's encoded keys
-//! must strictly increase, and its first key must be above the last key of the batch before
-//! it. It costs one `memcmp` per row, done once when the batch arrives. A disagreement
+//! The order check is the cheap runtime check of docs/DESIGN.md section 5: every batch's
+//! encoded keys must strictly increase, and its first key must be above the last key of the
+//! batch before it. It costs one `memcmp` per row, done once when the batch arrives. A disagreement
 //! between storage order and comparator order would otherwise silently corrupt positions.
 
 use std::collections::VecDeque;

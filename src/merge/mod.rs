@@ -4,7 +4,7 @@
 //! rows with their encoded keys ([`KeyedBatch`]), keys strictly increasing within the vnode.
 //! A [`SnapshotMerger`] pulls from all of them and hands out [`MergeOutput`]s: a batch of
 //! rows, how far each vnode advanced in it, and which vnodes are now completely emitted
-//! (DESIGN section 7, step 1 and step 6).
+//! (docs/DESIGN.md sections 7.3 and 7.6).
 //!
 //! Two mergers share that interface:
 //! - [`KWayMerge`], the default: a k-way merge that emits rows in global key order, in

@@ -1,4 +1,5 @@
-//! A dataset directory (DESIGN section 9): opening it, and reading its snapshot and changes.
+//! A dataset directory (docs/DESIGN.md section 10.1): opening it, and reading its snapshot and
+//! changes.
 //!
 //! ```text
 //!   dir/dataset.json               the manifest (name, keys, order)
@@ -13,7 +14,7 @@
 //! that a tool can warn about each.
 //!
 //! Float key values are read in canonical form (`-0.0` as `0.0`, every NaN as one NaN): key
-//! equality is SQL equality (DESIGN section 5), so a delete of `-0.0` applies to a stored
+//! equality is SQL equality (docs/DESIGN.md section 5), so a delete of `-0.0` applies to a stored
 //! `0.0`, and the rows the replay writes carry the canonical value. [`Dataset::validate`] is the full
 //! pass over the data. The readers are `Send + 'static` iterators that own their files, so a
 //! job can drive them from a blocking or async task.

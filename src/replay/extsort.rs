@@ -21,8 +21,8 @@
 //!   when it starts at or after that run's last key, so a sorted table becomes one run
 //!   however large, written once, with no sort and no gather of its rows.
 //! - Runs are Arrow IPC streams of the typed columns: arrow-row bytes are not a persisted
-//!   format (DESIGN section 5), so keys are re-encoded with the same [`PrimaryKey`] when a run
-//!   is read back.
+//!   format (docs/DESIGN.md section 5), so keys are re-encoded with the same [`PrimaryKey`]
+//!   when a run is read back.
 //! - With more runs than `fan_in`, consecutive groups of runs are merged into longer runs
 //!   first, so the final merge reads at most `fan_in` runs at once. Merging consecutive runs
 //!   and breaking ties by run index keeps the sort stable.

@@ -1,4 +1,5 @@
-//! Datasets and replays (DESIGN section 9): reading, validating, generating and verifying.
+//! Datasets and replays (docs/DESIGN.md sections 9 and 10.1): reading, validating, generating
+//! and verifying.
 //!
 //! A dataset is a directory: `dataset.json` (the [`Manifest`]), `snapshot/*.parquet` (the
 //! upstream table at the start) and `changes/*.parquet` (the upstream changelog: `_epoch`,

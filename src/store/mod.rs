@@ -1,11 +1,11 @@
 //! The state store: tables of rows keyed by `(vnode, primary key)`, versioned by epoch.
 //!
-//! One trait pair, several implementations (DESIGN section 6): [`MemoryStore`], the in-memory
-//! columnar store used for embedding and benchmarks, and [`DurableStore`], the embedded store
-//! of the command-line tool (sorted Arrow IPC run files, a manifest plus a log of each
-//! commit's changes, background compaction, bounded memory; see [`durable`]). Both read through the same merge
-//! of sorted runs (`run.rs`) and pass the same model test. All durable file I/O goes through
-//! the [`io`] seam.
+//! One trait pair, several implementations (docs/DESIGN.md section 6): [`MemoryStore`], the
+//! in-memory columnar store used for embedding and benchmarks, and [`DurableStore`], the
+//! embedded store of the command-line tool (sorted Arrow IPC run files, a manifest plus a log
+//! of each commit's changes, background compaction, bounded memory; see [`durable`]). Both
+//! read through the same merge of sorted runs (`run.rs`) and pass the same model test. All
+//! durable file I/O goes through the [`io`] seam.
 //!
 //! ```text
 //!             write(chunk)          seal(e)                 commit(c)

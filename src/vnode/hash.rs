@@ -221,7 +221,7 @@ pub(crate) trait Fold {
     }
 }
 
-/// The vnode hash (DESIGN section 4): the raw CRC-32 register.
+/// The vnode hash (docs/DESIGN.md section 4): the raw CRC-32 register.
 pub(crate) struct Crc32;
 
 impl Fold for Crc32 {

@@ -1,6 +1,6 @@
 //! Virtual nodes: how rows are distributed, and which rows an executor owns.
 //!
-//! Every row of a table belongs to one of `vnode_count` virtual nodes (DESIGN section 4):
+//! Every row of a table belongs to one of `vnode_count` virtual nodes (docs/DESIGN.md section 4):
 //!
 //! ```text
 //!   vnode(row) = crc32(dist-key values of the row) % vnode_count

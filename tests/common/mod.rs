@@ -1,6 +1,6 @@
 //! The oracle harness: an upstream table, a seeded stream of changes, the backfill executor
-//! under a seeded scheduler, and a `BTreeMap` replay that checks the contract (DESIGN
-//! section 2) after every barrier.
+//! under a seeded scheduler, and a `BTreeMap` replay that checks the contract (docs/DESIGN.md
+//! section 2.1) after every barrier.
 //!
 //! ```text
 //!   seeded scheduler ──▶ upstream model U (BTreeMap) ──▶ upstream table (store) ──┐

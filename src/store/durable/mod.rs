@@ -1,5 +1,6 @@
 //! The durable, embedded store: sorted Arrow IPC run files, a manifest with a log of
-//! changes, background compaction, memory bounded by a budget (DESIGN section 6.2).
+//! changes, background compaction, memory bounded by a budget (docs/DESIGN.md sections 6.2
+//! and 10.2).
 //!
 //! ```text
 //!  handle.write ──▶ pending (memory) ──spill when over budget──▶ uncommitted run file
