@@ -175,13 +175,11 @@ pub fn epoch_files(dir: &std::path::Path) -> std::io::Result<BTreeMap<u64, std::
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        if let Some(epoch) = name
-            .strip_prefix("epoch-")
+        let epoch = (name.strip_prefix("epoch-"))
             .and_then(|n| n.strip_suffix(".txt"))
-        {
-            if let Ok(epoch) = epoch.parse() {
-                out.insert(epoch, path);
-            }
+            .and_then(|n| n.parse().ok());
+        if let Some(epoch) = epoch {
+            out.insert(epoch, path);
         }
     }
     Ok(out)
