@@ -425,3 +425,28 @@ fn a_takeover_crashed_part_way_is_taken_over_again() {
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
+
+/// Issue 42 item 8: a rescale to more actors than vnodes is refused before anything is
+/// loaded, also when it asks for as many actors as the (capped) initial parallelism.
+#[test]
+fn a_rescale_beyond_the_vnodes_is_refused_before_the_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(tmp.path(), "ds", 0.003, 5);
+    let out = tmp.path().join("out");
+    let mut o = options(&out, RealIo::shared());
+    o.parallelism = 8;
+    o.rescales = vec!["2:8".parse().unwrap()];
+    let err = runtime()
+        .block_on(run_replay(&data, &o, |_| {}))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    assert!(
+        err.to_string().contains("8 backfill actors for 4 vnodes"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is created");
+    // The capped initial parallelism alone is fine.
+    o.rescales.clear();
+    runtime().block_on(run_replay(&data, &o, |_| {})).unwrap();
+    check_complete(&data, &out);
+}

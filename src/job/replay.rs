@@ -356,10 +356,12 @@ pub async fn run_replay_until(
     }
     BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
     let vnodes = options.vnodes.get();
-    let actors =
-        std::iter::once(options.parallelism).chain(options.rescales.iter().map(|r| r.actors));
-    for actors in actors {
-        if actors == 0 || (actors > vnodes && actors != options.parallelism) {
+    // The initial parallelism is capped at the vnode count (one actor per vnode at most); a
+    // rescale names its actors exactly, so it must fit.
+    let actors = std::iter::once((options.parallelism, true))
+        .chain(options.rescales.iter().map(|r| (r.actors, false)));
+    for (actors, initial) in actors {
+        if actors == 0 || (actors > vnodes && !initial) {
             return Err(Error::InvalidConfig(format!(
                 "{actors} backfill actors for {vnodes} vnodes: choose 1 to {vnodes}"
             )));
