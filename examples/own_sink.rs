@@ -136,12 +136,11 @@ async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
         ..JobOptions::default()
     };
     let job = BackfillJob::start(&store, "view", "t", options, source)?;
-    let summary = job
-        .run(FileSink {
-            dir: dir.join("out"),
-            open: String::new(),
-        })
-        .await?;
+    let mut sink = FileSink {
+        dir: dir.join("out"),
+        open: String::new(),
+    };
+    let summary = job.run(&mut sink).await?;
     println!("ended: {summary:?}");
     Ok(())
 }

@@ -161,8 +161,8 @@ pub use error::{Error, Result};
 pub use ffi::ChangelogReader;
 pub use job::{
     BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, JobSummary, Loaded,
-    ParallelBackfill, PreparedCheckpoint, Recovery, ResumePoint, VnodeMap, load_parquet,
-    load_table,
+    ParallelBackfill, PreparedCheckpoint, Recovery, ResumePoint, TableLoader, VnodeMap,
+    load_parquet, load_table,
 };
 pub use key::{KeyColumn, Position, PrimaryKey};
 pub use store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};

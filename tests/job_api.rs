@@ -151,7 +151,7 @@ async fn two_views_of_one_table_each_get_every_row() {
     let job = BackfillJob::start(&store, "a", "t", options(), source(first)).unwrap();
     let (net, job) = collect(job).await;
     assert_eq!(net, Net::of(&model));
-    assert!(job.summary().finished);
+    assert!(job.summary().finished && job.summary().ended);
     let applied = store.meta("upstream.t.changes").unwrap();
     drop(job);
 
@@ -591,12 +591,12 @@ async fn an_exactly_once_sink_publishes_every_row_once_across_a_crash() {
         let store = DurableStore::open(dir.path()).unwrap();
         let job =
             BackfillJob::start(&store, "view", "t", slow.clone(), source(all.clone())).unwrap();
-        let sink = FileSink {
+        let mut sink = FileSink {
             files: files.clone(),
             open: Vec::new(),
             recovered: None,
         };
-        let run = tokio::time::timeout(Duration::from_millis(300), job.run(sink)).await;
+        let run = tokio::time::timeout(Duration::from_millis(300), job.run(&mut sink)).await;
         assert!(run.is_err(), "the job ended before the crash");
     }
     // The crashed run's tasks let go of the store a moment after.
@@ -622,12 +622,12 @@ async fn an_exactly_once_sink_publishes_every_row_once_across_a_crash() {
         .collect();
     assert_eq!(skip, 0, "checkpoints end between chunks here");
     let job = BackfillJob::start(&store, "view", "t", options(), source(rest)).unwrap();
-    let sink = FileSink {
+    let mut sink = FileSink {
         files: files.clone(),
         open: Vec::new(),
         recovered: None,
     };
-    let summary = job.run(sink).await.unwrap();
+    let summary = job.run(&mut sink).await.unwrap();
     assert!(summary.finished);
     let files = files.0.lock().unwrap();
     assert!(files.pending.is_empty());
@@ -642,4 +642,70 @@ async fn an_exactly_once_sink_publishes_every_row_once_across_a_crash() {
         Net::of(&model),
         "the visible files hold every row exactly once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_job_resumes_where_its_stop_checkpoint_left_it() {
+    for parallelism in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut model, all);
+        {
+            let store = DurableStore::open(dir.path()).unwrap();
+            model = load(&store);
+            all = changes(&mut model, 8, 40);
+        }
+        let slow = JobOptions {
+            rate_limit: Some(4_000),
+            parallelism,
+            ..options()
+        };
+        let mut net = Net::default();
+        {
+            let store = DurableStore::open(dir.path()).unwrap();
+            let mut job =
+                BackfillJob::start(&store, "view", "t", slow.clone(), source(all.clone())).unwrap();
+            let control = job.control();
+            let mut barriers = 0;
+            while let Some(message) = job.next().await {
+                match message.unwrap() {
+                    Message::Chunk(chunk) => net.add(&chunk),
+                    Message::Barrier(_) => {
+                        barriers += 1;
+                        if barriers == 10 {
+                            control.stop().unwrap();
+                        }
+                    }
+                    Message::Watermark(_) => {}
+                }
+            }
+            assert!(!job.summary().finished, "stopped before the end");
+            job.shutdown().await;
+        }
+        let store = DurableStore::open(dir.path()).unwrap();
+        let resume = BackfillJob::resume_point_in(&store, "view", "t").unwrap();
+        assert!(!resume.ended, "a stop on request is not the job's end");
+        let rest = {
+            let mut skip = resume.changes as usize;
+            all.into_iter()
+                .filter_map(|change| match change {
+                    Change::Chunk(chunk) if skip >= chunk.num_rows() => {
+                        skip -= chunk.num_rows();
+                        None
+                    }
+                    Change::Chunk(chunk) if skip > 0 => {
+                        let n = chunk.num_rows() - skip;
+                        let (batch, ops) = chunk.into_parts();
+                        let cut =
+                            StreamChunk::new(batch.slice(skip, n), ops[skip..].to_vec()).unwrap();
+                        skip = 0;
+                        Some(Change::Chunk(cut))
+                    }
+                    other => Some(other),
+                })
+                .collect()
+        };
+        let job = BackfillJob::start(&store, "view", "t", slow, source(rest)).unwrap();
+        let (net, _) = collect_into(net, job).await;
+        assert_eq!(net, Net::of(&model), "parallelism {parallelism}");
+    }
 }

@@ -32,6 +32,8 @@ pub(crate) struct Applied {
     pub changes: u64,
     /// The `_epoch` of the last change applied, when the source's batches carry one.
     pub upstream_epoch: Option<u64>,
+    /// The job ran to its end by this epoch: its source had ended and its backfill finished.
+    pub ended: bool,
 }
 
 /// A request to the upstream task from outside (the job's control handle).
@@ -177,13 +179,14 @@ impl<T: StateTable, C: Stream<Item = Result<Change>> + Unpin> Feeder<T, C> {
                 break;
             }
             if let Ok(Request::Stop) = self.requests.try_recv() {
-                break;
+                return self.stop().await;
             }
             self.barrier(false, None).await?;
             if read {
                 self.wait_for(IDLE_BARRIER_INTERVAL, |s| s.finished).await;
             }
         }
+        self.applied.ended = true;
         self.stop().await
     }
 

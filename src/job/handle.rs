@@ -132,6 +132,9 @@ pub struct ResumePoint {
     pub checkpoint: Option<u64>,
     /// The job had finished its backfill by that checkpoint (it now passes changes through).
     pub finished: bool,
+    /// The job had run to its end by that checkpoint: its source had ended and its backfill
+    /// finished (as opposed to a stop on request, or a crash).
+    pub ended: bool,
 }
 
 /// What a job did, when it ends.
@@ -143,6 +146,9 @@ pub struct JobSummary {
     pub checkpoint: Option<u64>,
     /// Whether the backfill had finished by it.
     pub finished: bool,
+    /// Whether the job ran to its end: its source ended and its backfill finished (not
+    /// stopped on request).
+    pub ended: bool,
     /// Change rows applied by this run.
     pub changes: u64,
     /// Rows the job sent downstream in this run (snapshot and changes).
@@ -407,6 +413,7 @@ impl BackfillJob {
             applied: Applied {
                 changes: table_changes,
                 upstream_epoch: resume.upstream_epoch,
+                ended: false,
             },
             applied_at: applied_at.clone(),
             _claim: claim,
@@ -464,6 +471,16 @@ impl BackfillJob {
         Ok(Plan::of(store, name, table)?.resume)
     }
 
+    /// The records job `name` of `table` committed with its checkpoints in `store`
+    /// ([`Recovery::records`]), for a sink that checks its output before the job starts.
+    pub fn committed_records<S: StateStore>(
+        store: &S,
+        name: &str,
+        table: &str,
+    ) -> Result<Vec<(u64, String)>> {
+        Ok(Plan::of(store, name, table)?.records)
+    }
+
     /// Where the job started: what the upstream must send it.
     pub fn resume_point(&self) -> &ResumePoint {
         &self.resume
@@ -517,6 +534,7 @@ impl BackfillJob {
         };
         self.summary.changes = applied.changes.saturating_sub(self.resume.changes);
         let finished = stop && self.runtime.stats().borrow().finished || self.summary.finished;
+        self.summary.ended |= applied.ended;
         let epoch_text = applied
             .upstream_epoch
             .map(|e| e.to_string())
@@ -527,6 +545,7 @@ impl BackfillJob {
             (self.keys.job("changes"), applied.changes.to_string()),
             (self.keys.job("checkpoint"), epoch.to_string()),
             (self.keys.job("finished"), finished.to_string()),
+            (self.keys.job("ended"), applied.ended.to_string()),
         ])
     }
 
@@ -546,12 +565,12 @@ impl BackfillJob {
     /// [`ExactlyOnceSink`]): the sink recovers first, then every checkpoint's output is made
     /// durable before the store commits it and published after. While a checkpoint commits
     /// (on a blocking thread), the next epoch's output goes on into the sink.
-    pub async fn run<K: ExactlyOnceSink>(mut self, mut sink: K) -> Result<JobSummary> {
+    pub async fn run<K: ExactlyOnceSink>(mut self, sink: &mut K) -> Result<JobSummary> {
         sink.recover(&Recovery {
             committed: self.resume.checkpoint,
             records: std::mem::take(&mut self.records),
         })?;
-        let result = self.drive(&mut sink).await;
+        let result = self.drive(sink).await;
         self.end().await;
         result.map(|()| self.summary.clone())
     }
@@ -701,8 +720,8 @@ struct Plan {
 impl Plan {
     fn of<S: StateStore>(store: &S, name: &str, table: &str) -> Result<Self> {
         check_name(name)?;
-        let desc = match store.replicated_table(table, VnodeBitmap::empty(Default::default())) {
-            Ok(handle) => handle.desc().clone(),
+        let desc = match store.table_desc(table) {
+            Ok(desc) => desc,
             Err(Error::UnknownTable(_)) => {
                 return Err(Error::InvalidConfig(format!(
                     "table `{table}` is not in the store: load it first (`load_table`)"
@@ -763,6 +782,8 @@ impl Plan {
             checkpoint,
             finished: checkpoint.is_some()
                 && store.meta(&keys.job("finished"))?.as_deref() == Some("true"),
+            ended: checkpoint.is_some()
+                && store.meta(&keys.job("ended"))?.as_deref() == Some("true"),
         };
         let prefix = keys.sink_prefix();
         let records = (store.meta_with_prefix(&prefix)?.into_iter())

@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
 
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
@@ -27,27 +26,79 @@ pub struct Loaded {
 /// Memory: the durable store spills sorted runs as the rows come, so a load takes memory for
 /// a few batches and the store's write budget, not for the table; the in-memory store holds
 /// the table. Keys must be unique: the store keeps one row per key (the last written).
-pub fn load_table<S, I>(store: &S, desc: TableDesc, batches: I) -> Result<Loaded>
+pub fn load_table<S, I, E>(store: &S, desc: TableDesc, batches: I) -> Result<Loaded>
 where
     S: StateStore,
-    I: IntoIterator<Item = std::result::Result<RecordBatch, ArrowError>>,
+    I: IntoIterator<Item = std::result::Result<RecordBatch, E>>,
+    E: Into<Error>,
 {
-    let name = desc.name().to_string();
-    let desc = store.create_table(desc)?;
-    let mut table = store.table(&name, VnodeBitmap::full(desc.vnode_count()))?;
-    let mut rows = 0u64;
+    let mut loader = TableLoader::create(store, desc)?;
     for batch in batches {
-        let batch = batch?;
-        desc.check_schema(batch.schema_ref(), "a loaded batch")?;
-        rows += batch.num_rows() as u64;
-        table.write(&StreamChunk::inserts(batch))?;
+        loader.write(batch.map_err(Into::into)?)?;
     }
-    let epoch = store.committed_epoch()?.map_or(1, |e| e + 1);
-    table.seal(epoch)?;
-    drop(table);
-    store.commit(epoch)?;
+    let loaded = loader.commit()?;
     store.compact()?;
-    Ok(Loaded { rows, epoch })
+    Ok(loaded)
+}
+
+/// A table being loaded, for a caller that commits when it decides (with values staged for
+/// the same commit, after checks of its own): [`load_table`] in steps.
+pub struct TableLoader<S: StateStore> {
+    store: S,
+    desc: std::sync::Arc<TableDesc>,
+    table: S::Table,
+    rows: u64,
+}
+
+impl<S: StateStore> TableLoader<S> {
+    /// Creates table `desc` in `store` (its name must be new).
+    pub fn create(store: &S, desc: TableDesc) -> Result<Self> {
+        let name = desc.name().to_string();
+        let desc = store.create_table(desc)?;
+        let table = store.table(&name, VnodeBitmap::full(desc.vnode_count()))?;
+        Ok(Self {
+            store: store.clone(),
+            desc,
+            table,
+            rows: 0,
+        })
+    }
+
+    /// Writes rows (of the table's schema).
+    pub fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.desc
+            .check_schema(batch.schema_ref(), "a loaded batch")?;
+        self.rows += batch.num_rows() as u64;
+        self.table.write(&StreamChunk::inserts(batch))
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Seals the rows at the epoch after the store's committed one and commits them (with
+    /// whatever values were staged with `StateStore::stage_meta`). The store may then be
+    /// compacted (`StateStore::compact`) before a backfill reads it.
+    pub fn commit(mut self) -> Result<Loaded> {
+        let epoch = self.store.committed_epoch()?.map_or(1, |e| e + 1);
+        self.table.seal(epoch)?;
+        drop(self.table);
+        self.store.commit(epoch)?;
+        Ok(Loaded {
+            rows: self.rows,
+            epoch,
+        })
+    }
+}
+
+impl<S: StateStore> std::fmt::Debug for TableLoader<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableLoader")
+            .field("table", &self.desc.name())
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
 }
 
 /// [`load_table`] from Parquet files, read in batches of `batch_size` rows. The files'

@@ -44,8 +44,6 @@ pub const JOB_FILE: &str = ".backfill-job";
 pub const CHANGES_DIR: &str = "changes";
 /// The state's job id (meta key).
 pub(crate) const META_JOB_ID: &str = "replay.job_id";
-/// The prefix of the state's record of each committed output file (meta keys).
-pub(crate) const META_FILE_PREFIX: &str = "replay.file.";
 
 /// A path resolved to what it names: its existing part canonical (links and `..`
 /// followed as the system does), its missing part as the directories a replay would create.
@@ -386,11 +384,6 @@ pub struct FileRecord {
 }
 
 impl FileRecord {
-    /// The meta key of the file of `epoch`.
-    pub(crate) fn key(epoch: u64) -> String {
-        format!("{META_FILE_PREFIX}{epoch:020}")
-    }
-
     /// The meta value.
     pub(crate) fn encode(&self) -> String {
         format!("{} {} {:08x}", self.rows, self.size, self.crc)

@@ -1,73 +1,73 @@
 //! A replay job: a dataset's snapshot and changelog through a backfill into Parquet files,
-//! resumable after any stop.
+//! resumable after any stop. It is built on the library's job API.
 //!
 //! ```text
-//!   snapshot/*.parquet ──bulk load──▶ upstream table @ epoch 1 (committed)
-//!                                                     │ replicated scans
-//!   changes/*.parquet ──▶ source task ──bounded──▶ backfill executor ──▶ sink (2PC) ──▶ OUT/changes/
-//!                          (materialize: write       (k-way merge,        epoch-<e>.parquet
-//!                           upstream, seal, inject    filter, progress)
-//!                           barriers, pace)
+//!   snapshot/*.parquet ──TableLoader──▶ upstream table @ epoch 1 (committed, with the replay's record)
+//!                                                     │
+//!   changes/*.parquet ──▶ ChangeSource ──Changes──▶ BackfillJob "replay" ──run(sink)──▶ ParquetSink ──▶ OUT/changes/
+//!                          (skip what the table        (writes the changes,               (two phases:     epoch-<e>.parquet
+//!                           holds, a barrier per        closes epochs, commits,            .tmp, commit,
+//!                           dataset epoch, pace,        resumes)                           rename)
+//!                           rescales at epoch ends)
 //! ```
 //!
-//! The source task applies each change chunk to the upstream table and sends it on; every
-//! distinct dataset `_epoch` ends with a barrier (and, with a barrier interval, a long epoch
-//! is split by extra barriers). When the changelog is exhausted, barriers keep coming at the
-//! interval until the backfill reports it has finished; then one last checkpoint barrier
-//! carries `Stop`. The consumer commits every checkpoint: prepare the file, commit the store
-//! (with the job record below), publish the file; on a blocking thread, while the consumer
-//! goes on with the next epoch's chunks (one commit at a time, in epoch order).
-//!
-//! At most [`MAX_BARRIERS_IN_FLIGHT`] barriers are between the source and the consumer's
-//! commit: a barrier interval shorter than a checkpoint's cost spaces barriers by that cost
-//! instead of queueing them, so the actors read the snapshot between barriers rather than
-//! one batch per barrier (an epoch that reads once, I6) with a commit each.
+//! The source sends each dataset epoch's changes, then a barrier; the job adds barriers at the
+//! barrier interval and, once the changelog is exhausted, until the backfill has finished;
+//! then a final `Stop` checkpoint. Each checkpoint's file is encoded and synced while the job
+//! goes on with the next epoch, committed with the store (its rows, size and CRC as the
+//! checkpoint's record), then renamed into place. The dataset is validated whole (beside the
+//! load), so the job's own checks of each change are off.
 //!
 //! # Resuming
-//! With the durable store (the default, in `OUT/state`) every checkpoint commits, atomically
-//! with the upstream table and the backfill's progress, a job record in the store's meta:
+//! With the durable store (the default, in `OUT/state`) the load commits, with the snapshot,
+//! the replay's record in the store's meta:
 //! - `replay.job`: the job's identity (dataset name, columns, keys, vnode count, input files
 //!   and sizes); a state directory of another job is refused;
-//! - `replay.changes_applied`: changelog rows applied upstream as of the committed epoch;
-//! - `replay.finished`: set by the final `Stop` checkpoint.
+//! - `replay.format`: the state's layout version ([`STATE_FORMAT`]);
+//! - `replay.job_id` and `replay.out`: the tie to the output (`output.rs`);
 //!
-//! Running the same replay again resumes from the last committed checkpoint: the sink rolls
-//! committed `.tmp` files forward and removes uncommitted ones, the changelog is re-applied
-//! from the first uncommitted row, the backfill restores each vnode's position (Completed
-//! vnodes are never read again), and barriers continue after the committed epoch. A finished
-//! job says so and does nothing. The output directory is locked (`OUT/.lock`) for the run.
+//! and the job commits its own at every checkpoint: how many changelog rows the table holds,
+//! whether the backfill finished, each file's record ([`BackfillJob::resume_point_in`],
+//! [`BackfillJob::committed_records`]).
+//!
+//! Running the same replay again resumes from the last committed checkpoint: the committed
+//! files are checked against their records, the sink rolls committed `.tmp` files forward and
+//! removes uncommitted ones, the changelog is re-applied from the first row the table does not
+//! hold, the backfill restores each vnode's position (Completed vnodes are never read again),
+//! and epochs continue after the committed one. A finished job says so and does nothing. The
+//! output directory is locked (`OUT/.lock`) for the run.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::SinkExt;
 use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::backfill::BackfillStats;
-use crate::backfill::{BackfillConfig, SnapshotOrder};
-use crate::chunk::{Message, Mutation, StreamChunk};
+use crate::backfill::SnapshotOrder;
+use crate::chunk::StreamChunk;
 use crate::error::{Error, Result, internal};
-use crate::job::barrier::{BarrierInjector, InFlight};
-use crate::job::output::{
-    self, FileRecord, FinishRecord, JobRecord, META_FILE_PREFIX, META_JOB_ID, Place,
-};
-use crate::job::sink::{ParquetSink, Prepared, Preparing};
+use crate::job::barrier::BarrierInjector;
+use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
+use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
-use crate::job::{Certificate, JobControl, JobProgress, ParallelBackfill, TableDigest, VnodeMap};
+use crate::job::{
+    BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, TableDigest, TableLoader,
+};
 use crate::replay::Dataset;
 use crate::replay::SnapshotFeed;
 use crate::replay::prefetch::Prefetch;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
-use crate::store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};
+use crate::store::{DurableOptions, DurableStore, MemoryStore, StateStore};
 use crate::table::{TableDesc, describe};
-use crate::vnode::{VnodeBitmap, VnodeCount};
+use crate::vnode::VnodeCount;
 
 /// The epoch the snapshot is committed at.
 const SNAPSHOT_EPOCH: u64 = 1;
@@ -89,12 +89,7 @@ pub const DEFAULT_BATCH_SIZE: usize = 8192;
 const READ_AHEAD: usize = 4;
 /// Upstream messages in flight between the source task and the backfill.
 const CHANNEL_CAPACITY: usize = 64;
-/// The barrier interval once the changelog is exhausted, when none is configured.
-const DEFAULT_IDLE_BARRIER_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Barriers sent by the source and not yet collected (committed, for a checkpoint) by the
-/// consumer, at most: one being committed, one on its way.
-pub const MAX_BARRIERS_IN_FLIGHT: u64 = 2;
 /// The output directory's lock file.
 pub const OUT_LOCK_FILE: &str = ".lock";
 
@@ -126,8 +121,14 @@ pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
 pub const STATE_DIR: &str = "state";
 
 const META_JOB: &str = "replay.job";
-const META_APPLIED: &str = "replay.changes_applied";
-const META_FINISHED: &str = "replay.finished";
+/// The version of the replay's state layout: its backfill runs as the library's job
+/// [`JOB_NAME`] (2). A state without it was written by an older version.
+const META_FORMAT: &str = "replay.format";
+const STATE_FORMAT: &str = "2";
+/// The name the replay's backfill runs under in its state ([`BackfillJob`]).
+const JOB_NAME: &str = "replay";
+/// How often the replay reports its progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// The output directory a state's job writes (resolved when the job began), for messages.
 const META_OUT: &str = "replay.out";
 
@@ -709,10 +710,8 @@ impl<'a, S: StateStore> Job<'a, S> {
         dataset: Dataset,
         feed: Option<SnapshotFeed>,
         stop: Arc<AtomicBool>,
-    ) -> Result<()> {
-        store.create_table(desc.clone())?;
-        let all = VnodeBitmap::full(desc.vnode_count());
-        let mut upstream = store.table(desc.name(), all)?;
+    ) -> Result<TableLoader<S>> {
+        let mut loader = TableLoader::create(&store, desc)?;
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
         let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
             Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
@@ -725,9 +724,9 @@ impl<'a, S: StateStore> Job<'a, S> {
             if stop.load(Ordering::Relaxed) {
                 return Err(internal!("the snapshot load was stopped"));
             }
-            upstream.write(&StreamChunk::inserts(batch?))?;
+            loader.write(batch?)?;
         }
-        upstream.seal(SNAPSHOT_EPOCH)
+        Ok(loader)
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -763,13 +762,15 @@ impl<'a, S: StateStore> Job<'a, S> {
                 differences.join("; ")
             )));
         }
-        let applied = self
-            .store
-            .meta(META_APPLIED)?
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| conflict("the job record lacks the changelog position".into()))?;
-        let finished = self.store.meta(META_FINISHED)?.as_deref() == Some("true");
-        Ok(Some((epoch, applied, finished)))
+        if self.store.meta(META_FORMAT)?.as_deref() != Some(STATE_FORMAT) {
+            return Err(conflict(
+                "was written by an older version of backfill, whose backfill state this one \
+                 does not read; use --fresh to start over"
+                    .into(),
+            ));
+        }
+        let resume = BackfillJob::resume_point_in(&self.store, JOB_NAME, self.desc.name())?;
+        Ok(Some((epoch, resume.changes, resume.ended)))
     }
 
     /// The state's job id, which must be the one `out_record` (the output's) names: a state
@@ -813,15 +814,15 @@ impl<'a, S: StateStore> Job<'a, S> {
     /// The output files the state recorded at their checkpoints' commits, by epoch.
     fn recorded_files(&self) -> Result<BTreeMap<u64, FileRecord>> {
         let mut files = BTreeMap::new();
-        for (key, value) in self.store.meta_with_prefix(META_FILE_PREFIX)? {
-            let record = key
-                .strip_prefix(META_FILE_PREFIX)
-                .and_then(|e| e.parse::<u64>().ok())
-                .zip(FileRecord::decode(&value));
-            let Some((epoch, record)) = record else {
+        for (epoch, value) in
+            BackfillJob::committed_records(&self.store, JOB_NAME, self.desc.name())?
+        {
+            let Some(record) = FileRecord::decode(&value) else {
                 return Err(Error::CorruptState {
                     context: self.state_dir().display().to_string(),
-                    message: format!("unreadable output file record `{key}` = `{value}`"),
+                    message: format!(
+                        "unreadable output file record of checkpoint {epoch}: `{value}`"
+                    ),
                 });
             };
             files.insert(epoch, record);
@@ -909,7 +910,7 @@ impl<'a, S: StateStore> Job<'a, S> {
     async fn run(
         mut self,
         validation: &mut Validation,
-        on_progress: impl FnMut(&ReplayProgress),
+        mut on_progress: impl FnMut(&ReplayProgress),
         interrupted: impl Future<Output = Interrupt>,
     ) -> Result<ReplaySummary> {
         let started = Instant::now();
@@ -971,11 +972,15 @@ impl<'a, S: StateStore> Job<'a, S> {
             summary.elapsed = started.elapsed();
             return Ok(summary);
         }
+        let checkpoint = match record {
+            Some(_) => BackfillJob::resume_point_in(store, JOB_NAME, &name)?.checkpoint,
+            None => None,
+        };
         let mut sink = ParquetSink::open(
             self.options.io.clone(),
             &self.options.out,
             self.desc.schema(),
-            record.map(|(epoch, _, _)| epoch),
+            checkpoint,
         )?
         .with_key_statistics(&key)?;
         if record.is_none() {
@@ -985,9 +990,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             // certificate need not read the output back.
             sink = sink.with_digest(Arc::new(self.desc.clone()))?;
         }
-        let all = VnodeBitmap::full(self.desc.vnode_count());
-        let (committed, applied) = match record {
-            Some((epoch, applied, _)) => (epoch, applied),
+        let applied = match record {
+            Some((_, applied, _)) => applied,
             None => {
                 // The upstream table, bulk loaded and committed at the snapshot epoch.
                 let load_started = Instant::now();
@@ -1009,7 +1013,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 }
                 let dataset = validation.finish()?;
                 self.expected = validation.expected_digest().cloned();
-                loaded?;
+                let loader = loaded?;
                 self.snapshot_rows = dataset.snapshot_rows;
                 self.last_epoch = dataset.last_epoch.unwrap_or(0);
                 summary.snapshot_rows = dataset.snapshot_rows;
@@ -1017,13 +1021,16 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let identity = serde_json::to_string(&self.identity)
                     .map_err(|e| internal!("job record: {e}"))?;
                 store.stage_meta(META_JOB, &identity)?;
+                store.stage_meta(META_FORMAT, STATE_FORMAT)?;
                 store.stage_meta(META_JOB_ID, &self.job_id)?;
                 store.stage_meta(
                     META_OUT,
                     &Place::of(&self.options.out)?.path.display().to_string(),
                 )?;
-                store.stage_meta(META_APPLIED, "0")?;
-                store.commit(SNAPSHOT_EPOCH)?;
+                let committed = loader.commit()?;
+                if committed.epoch != SNAPSHOT_EPOCH {
+                    return Err(internal!("the load committed epoch {}", committed.epoch));
+                }
                 // Merge the load's sorted pieces into one run per vnode before the backfill
                 // starts: its scans then read one source per vnode, not one per piece. (The
                 // pieces of a snapshot in key order are each vnode's base already.) An
@@ -1036,84 +1043,103 @@ impl<'a, S: StateStore> Job<'a, S> {
                 self.until_interrupted(&mut interrupted, &stop, compacting)
                     .await??;
                 summary.load_time = load_started.elapsed();
-                (SNAPSHOT_EPOCH, 0)
+                0
             }
         };
-        let upstream = store.table(&name, all.clone())?;
-        let injector = BarrierInjector::new(committed, self.options.checkpoint_every)?;
-        let config = BackfillConfig {
-            batch_size: self.options.batch_size,
-            order: self.options.order,
-            rate_limit: self.options.rate_limit,
-            ..BackfillConfig::default()
-        };
-        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        // The backfill: the library's job over the upstream table, fed the changelog after
+        // the rows the table holds, into the Parquet sink. The dataset was validated whole, so
+        // the job's own checks of each change are off (it would look up every changed key).
         let actors = self.options.parallelism.min(self.desc.vnode_count().get());
-        let map = VnodeMap::even(self.desc.vnode_count(), actors)?;
-        let mut runtime =
-            ParallelBackfill::start(store, &name, map, config, self.snapshot_rows, rx)?;
-        let stats = runtime.stats();
+        let options = JobOptions {
+            parallelism: actors,
+            order: self.options.order,
+            batch_size: self.options.batch_size,
+            rate_limit: self.options.rate_limit,
+            checkpoint_every: self.options.checkpoint_every,
+            barrier_interval: self.options.barrier_interval,
+            check_changes: false,
+            estimate: Some(self.snapshot_rows),
+            ..JobOptions::default()
+        };
+        let (changes_tx, changes_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let job = BackfillJob::start(store, JOB_NAME, &name, options, changes_rx)?;
+        if job.resume_point().changes != applied {
+            return Err(internal!(
+                "the job resumes after {} changes, the replay's record says {applied}",
+                job.resume_point().changes
+            ));
+        }
+        let control = job.control();
+        let stats = job.stats();
+        let job_progress = job.progress();
         let mut rescales = self.options.rescales.clone();
         rescales.sort_by_key(|r| r.after_epoch);
-        let applied_at: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
-        let (in_flight, collected) = InFlight::new(MAX_BARRIERS_IN_FLIGHT);
-        let source = Source {
+        let (applied_tx, applied_rx) = watch::channel(applied);
+        let source = ChangeSource {
             dataset: self.dataset.clone(),
-            upstream,
-            injector,
-            tx,
-            stats: stats.clone(),
+            tx: changes_tx,
             batch_size: self.options.batch_size,
-            barrier_interval: self.options.barrier_interval,
             upstream_rate: self.options.upstream_rate,
             skip: applied,
-            applied_at: applied_at.clone(),
-            control: runtime.control(),
+            control: control.clone(),
             rescales: rescales.into(),
-            in_flight,
         };
-        let (changes_tx, changes_rx) = watch::channel(applied);
-        let mut source_task = tokio::spawn(source.run(changes_tx));
+        let source_task = tokio::spawn(source.run(applied_tx));
         // Abort the source if this future is dropped or stops early.
-        let source_guard = AbortOnDrop(source_task.abort_handle());
-        let result = self
-            .drive(
-                &mut runtime,
-                &stats,
-                &changes_rx,
-                &applied_at,
-                &collected,
-                &mut sink,
-                committed,
-                &mut summary,
-                on_progress,
-                interrupted,
-            )
-            .await;
-        // No barrier will be collected any more: a source waiting for a place in flight
-        // fails instead of waiting forever.
-        drop(collected);
-        if result.is_err() {
-            // Wait for the aborted source and actors to let go of their table handles (and
-            // so of the store and its directory lock) before reporting.
-            drop(source_guard);
-            let _ = (&mut source_task).await;
-            runtime.shutdown().await;
-            return Err(result.err().unwrap_or_else(|| internal!("unreachable")));
+        let _source_guard = AbortOnDrop(source_task.abort_handle());
+        let published = sink.published_rows();
+        let mut progress = ReplayProgress {
+            snapshot_total: self.snapshot_rows,
+            ..ReplayProgress::default()
+        };
+        let mut report = || {
+            progress.backfill = stats.borrow().clone();
+            progress.job = job_progress.borrow().clone();
+            progress.upstream_changes = *applied_rx.borrow();
+            progress.output_rows = published.load(Ordering::Relaxed);
+            on_progress(&progress);
+        };
+        // A signal stops the job at its next checkpoint: what it committed stays.
+        let mut stopped = None;
+        let result = {
+            let mut running = std::pin::pin!(job.run(&mut sink));
+            let mut ticks = tokio::time::interval(PROGRESS_INTERVAL);
+            loop {
+                tokio::select! {
+                    biased;
+                    result = &mut running => break result,
+                    signal = &mut interrupted, if stopped.is_none() => {
+                        stopped = Some(signal);
+                        // A job that already ended takes no request: it ends anyway.
+                        let _ = control.stop();
+                    }
+                    _ = ticks.tick() => report(),
+                }
+            }
+        };
+        report();
+        if let Some(signal) = stopped {
+            return Err(self.interruption(signal));
         }
-        let total_applied = source_task
-            .await
-            .map_err(|e| internal!("the source task failed: {e}"))??;
-        drop(source_guard);
-        runtime.shutdown().await;
-        if !stats.borrow().finished {
+        let done = result?;
+        if !done.ended {
             return Err(internal!("the job stopped before the backfill finished"));
         }
-        summary.upstream_changes = total_applied - applied;
+        // The source ended when the changelog did (its errors reached the job).
+        if let Ok(Err(e)) = source_task.await {
+            return Err(e);
+        }
+        let certificate = self.certify(&sink)?;
+        summary.certificate = Some(certificate.clone());
+        summary.final_checkpoint = done.checkpoint;
+        self.record_finish(&certificate)?;
+        summary.upstream_changes = done.changes;
         summary.output_rows = sink.rows_published();
         summary.output_files = sink.files_published();
+        summary.epochs = done.epochs;
+        summary.checkpoints = done.checkpoints;
         {
-            let job = runtime.progress().borrow().clone();
+            let job = job_progress.borrow().clone();
             summary.actors = job.actors.iter().map(|a| a.vnodes).collect();
             summary.rescales = job.rescales;
             summary.rescale_pause_max = job.rescale_pause_max;
@@ -1159,239 +1185,6 @@ impl<'a, S: StateStore> Job<'a, S> {
             })
         }
     }
-
-    /// Runs the backfill over the source's messages and commits its checkpoints, until the
-    /// final `Stop` barrier, an error or an interruption.
-    ///
-    /// A checkpoint commits off this loop ([`Committing`]): the loop goes on taking the next
-    /// epoch's chunks (into the sink's next file) while the encoder finishes the checkpoint's
-    /// file, the store commits and the file is published, so neither the backfill nor the
-    /// encoder waits for a commit. One commit at a time, in epoch order: the next checkpoint
-    /// barrier waits for the one before. However the loop ends, a commit under way is waited
-    /// for before this returns (nothing writes after the job reports).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the job's parts, borrowed from `run`"
-    )]
-    async fn drive(
-        &self,
-        downstream: &mut ParallelBackfill,
-        stats: &watch::Receiver<BackfillStats>,
-        changes_rx: &watch::Receiver<u64>,
-        applied_at: &Mutex<BTreeMap<u64, u64>>,
-        collected: &watch::Sender<u64>,
-        sink: &mut ParquetSink,
-        committed: u64,
-        summary: &mut ReplaySummary,
-        on_progress: impl FnMut(&ReplayProgress),
-        interrupted: impl Future<Output = Interrupt>,
-    ) -> Result<()> {
-        let mut committing = None;
-        let mut loop_parts = DriveLoop {
-            downstream,
-            stats,
-            changes_rx,
-            applied_at,
-            collected,
-            sink,
-            summary,
-            committing: &mut committing,
-        };
-        let result = self
-            .drive_loop(&mut loop_parts, committed, on_progress, interrupted)
-            .await;
-        if let Some(commit) = committing.take() {
-            // Only an error leaves one: its outcome no longer matters, its end does.
-            let _ = commit.task.await;
-        }
-        result
-    }
-
-    /// [`Job::drive`]'s loop; a commit it leaves under way is the caller's to wait for.
-    async fn drive_loop(
-        &self,
-        parts: &mut DriveLoop<'_>,
-        committed: u64,
-        mut on_progress: impl FnMut(&ReplayProgress),
-        interrupted: impl Future<Output = Interrupt>,
-    ) -> Result<()> {
-        let store = &self.store;
-        let job_progress = parts.downstream.progress();
-        let mut progress = ReplayProgress {
-            snapshot_total: self.snapshot_rows,
-            ..ReplayProgress::default()
-        };
-        let mut open_epoch = committed;
-        let mut interrupted = std::pin::pin!(interrupted);
-        loop {
-            let message = tokio::select! {
-                biased;
-                signal = &mut interrupted => {
-                    if let Some(commit) = parts.committing.take() {
-                        // Report the epoch committed once the commit under way has ended.
-                        let _ = commit.task.await;
-                    }
-                    return Err(Error::Interrupted {
-                        signal: signal.name(),
-                        code: signal.exit_code(),
-                        committed: store.committed_epoch()?,
-                    });
-                }
-                outcome = commit_done(parts.committing), if parts.committing.is_some() => {
-                    self.settle(parts, Some(outcome)).await?;
-                    continue;
-                }
-                message = parts.downstream.next() => message,
-            };
-            let Some(message) = message else {
-                self.settle(parts, None).await?;
-                break;
-            };
-            match message? {
-                Message::Chunk(chunk) => parts.sink.push(open_epoch, chunk)?,
-                Message::Watermark(_) => {}
-                Message::Barrier(barrier) => {
-                    parts.summary.epochs += 1;
-                    open_epoch = barrier.epoch.curr;
-                    let prev = barrier.epoch.prev;
-                    if barrier.is_checkpoint() && prev > committed {
-                        // One commit at a time, in epoch order.
-                        self.settle(parts, None).await?;
-                        let rows = {
-                            let mut map = (parts.applied_at.lock())
-                                .map_err(|_| internal!("applied map poisoned"))?;
-                            let rows = map.get(&prev).copied().ok_or_else(|| {
-                                internal!("no changelog position for epoch {prev}")
-                            })?;
-                            *map = map.split_off(&(prev + 1));
-                            rows
-                        };
-                        let stop = barrier.mutation == Some(Mutation::Stop);
-                        let preparing = parts.sink.start_prepare(prev)?;
-                        let store = store.clone();
-                        let task = tokio::task::spawn_blocking(move || {
-                            commit_checkpoint(&store, prev, rows, stop, preparing)
-                        });
-                        *parts.committing = Some(Committing {
-                            epoch: prev,
-                            stop,
-                            later_barriers: 0,
-                            task,
-                        });
-                        if stop {
-                            self.settle(parts, None).await?;
-                        }
-                    } else if let Some(commit) = parts.committing.as_mut() {
-                        commit.later_barriers += 1;
-                    } else {
-                        parts.collected.send_modify(|n| *n += 1);
-                    }
-                }
-            }
-            progress.backfill = parts.stats.borrow().clone();
-            progress.job = job_progress.borrow().clone();
-            progress.upstream_changes = *parts.changes_rx.borrow();
-            progress.output_rows = parts.sink.rows_published();
-            on_progress(&progress);
-        }
-        Ok(())
-    }
-
-    /// Waits for the commit under way, if any, and accounts for it: the runtime learns the
-    /// epoch is committed, the sink counts its file, its barrier (and the ones that came
-    /// during it) are collected, and the final checkpoint gets its certificate. `outcome`:
-    /// the commit's, when already taken from its task.
-    async fn settle(
-        &self,
-        parts: &mut DriveLoop<'_>,
-        outcome: Option<CommitOutcome>,
-    ) -> Result<()> {
-        let Some(commit) = parts.committing.take() else {
-            return Ok(());
-        };
-        let outcome = match outcome {
-            Some(outcome) => outcome,
-            None => commit.task.await,
-        };
-        let prepared = outcome
-            .map_err(|e| internal!("the commit of checkpoint {} failed: {e}", commit.epoch))??;
-        parts.downstream.committed(commit.epoch);
-        if let Some(prepared) = prepared {
-            parts.sink.published(prepared)?;
-        }
-        parts.summary.checkpoints += 1;
-        if commit.stop {
-            let certificate = self.certify(parts.sink)?;
-            parts.summary.certificate = Some(certificate.clone());
-            parts.summary.final_checkpoint = Some(commit.epoch);
-            self.record_finish(&certificate)?;
-        }
-        parts
-            .collected
-            .send_modify(|n| *n += 1 + commit.later_barriers);
-        Ok(())
-    }
-}
-
-/// The parts of a job the consumer's loop drives.
-struct DriveLoop<'a> {
-    downstream: &'a mut ParallelBackfill,
-    stats: &'a watch::Receiver<BackfillStats>,
-    changes_rx: &'a watch::Receiver<u64>,
-    /// Per epoch, the changelog rows applied by its end.
-    applied_at: &'a Mutex<BTreeMap<u64, u64>>,
-    collected: &'a watch::Sender<u64>,
-    sink: &'a mut ParquetSink,
-    summary: &'a mut ReplaySummary,
-    committing: &'a mut Option<Committing>,
-}
-
-/// The outcome of the commit under way, once it has ended (never, without one).
-async fn commit_done(committing: &mut Option<Committing>) -> CommitOutcome {
-    match committing {
-        Some(commit) => (&mut commit.task).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// What a commit's blocking task returns: the published file, if the checkpoint had one.
-type CommitOutcome = std::result::Result<Result<Option<Prepared>>, tokio::task::JoinError>;
-
-/// A checkpoint committing on a blocking thread ([`commit_checkpoint`]).
-struct Committing {
-    epoch: u64,
-    /// Whether it is the final (`Stop`) checkpoint.
-    stop: bool,
-    /// Barriers that reached the consumer after this checkpoint's: collected with it, so
-    /// that the source never has more than [`MAX_BARRIERS_IN_FLIGHT`] uncommitted.
-    later_barriers: u64,
-    task: tokio::task::JoinHandle<Result<Option<Prepared>>>,
-}
-
-/// Commits checkpoint `epoch` (two-phase, see [`ParquetSink`]): waits for its file (if it has
-/// one) to be written and synced, commits the store with the job record (`rows` of the
-/// changelog applied; finished, at the final checkpoint), then makes the file visible.
-fn commit_checkpoint<S: StateStore>(
-    store: &S,
-    epoch: u64,
-    rows: u64,
-    stop: bool,
-    preparing: Option<Preparing>,
-) -> Result<Option<Prepared>> {
-    let prepared = preparing.map(Preparing::wait).transpose()?;
-    if let Some(prepared) = &prepared {
-        // A resume checks the committed files against this record (`output.rs`).
-        store.stage_meta(&FileRecord::key(epoch), &prepared.record().encode())?;
-    }
-    store.stage_meta(META_APPLIED, &rows.to_string())?;
-    if stop {
-        store.stage_meta(META_FINISHED, "true")?;
-    }
-    store.commit(epoch)?;
-    if let Some(prepared) = &prepared {
-        prepared.reveal()?;
-    }
-    Ok(prepared)
 }
 
 /// Aborts a task when dropped.
@@ -1403,56 +1196,41 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The upstream source and materialize: applies the changelog to the upstream table and
-/// sends it, with barriers, to the backfill.
-struct Source<T: StateTable> {
+/// The replay's upstream: the dataset's changelog as the job's changes, after the rows the
+/// table holds already, with a barrier at the end of every dataset epoch, paced at the
+/// upstream rate, requesting the rescales due at each dataset epoch's end.
+struct ChangeSource {
     dataset: Dataset,
-    upstream: T,
-    injector: BarrierInjector,
-    tx: mpsc::Sender<Result<Message>>,
-    stats: watch::Receiver<BackfillStats>,
+    tx: mpsc::Sender<Result<Change>>,
     batch_size: usize,
-    barrier_interval: Option<Duration>,
     upstream_rate: Option<u64>,
-    /// Changelog rows already applied (committed) before this run: skipped.
+    /// Changelog rows the table holds already (committed before this run): skipped.
     skip: u64,
-    /// Changelog rows applied as of each sealed epoch (the job record of its checkpoint).
-    applied_at: Arc<Mutex<BTreeMap<u64, u64>>>,
     /// Where rescales are requested.
     control: JobControl,
     /// Rescales not yet requested, by dataset epoch.
     rescales: VecDeque<RescalePoint>,
-    /// Bounds the barriers not yet collected by the consumer ([`MAX_BARRIERS_IN_FLIGHT`]).
-    in_flight: InFlight,
 }
 
-impl<T: StateTable> Source<T> {
-    /// Runs to the final `Stop` barrier; returns the changelog rows applied in all (those
-    /// skipped included). Errors are also sent downstream, so the job fails with them.
-    async fn run(mut self, applied: watch::Sender<u64>) -> Result<u64> {
+impl ChangeSource {
+    /// Runs to the changelog's end; its errors go to the job too (which fails with them).
+    async fn run(mut self, applied: watch::Sender<u64>) -> Result<()> {
         match self.replay(&applied).await {
-            Ok(rows) => Ok(rows),
+            Ok(()) => Ok(()),
             Err(e) => {
                 let message = e.to_string();
-                // The executor ends its output with this error; the job reports it.
                 let _ = self.tx.send(Err(e)).await;
-                Err(internal!("upstream source: {message}"))
+                Err(internal!("the changelog source: {message}"))
             }
         }
     }
 
-    async fn replay(&mut self, applied: &watch::Sender<u64>) -> Result<u64> {
+    async fn replay(&mut self, applied: &watch::Sender<u64>) -> Result<()> {
         let started = Instant::now();
-        let mut last_barrier = Instant::now();
         let mut rows = self.skip;
         let mut skip = self.skip;
         let mut paced = 0u64;
         let mut dataset_epoch: Option<u64> = None;
-        let mut dirty = false;
-        // The first barrier closes the committed epoch, which the store already holds.
-        self.in_flight.acquire().await?;
-        let first = self.injector.next(None);
-        self.send(Message::Barrier(first)).await?;
         let changes = self.dataset.read_changes(self.batch_size)?;
         for item in Prefetch::new("backfill-changes", READ_AHEAD, changes)? {
             let mut item = item?;
@@ -1469,13 +1247,10 @@ impl<T: StateTable> Source<T> {
                 item.chunk = StreamChunk::new(batch.slice(from, len), ops[from..].to_vec())?;
                 skip = 0;
             }
-            // A new dataset epoch: close the previous one, unless an interval barrier did.
+            // A new dataset epoch: close the previous one (the job skips an empty epoch).
             if let Some(closed) = dataset_epoch.filter(|e| *e != item.epoch) {
                 self.request_rescales(closed)?;
-                if dirty {
-                    self.barrier(None, rows).await?;
-                    last_barrier = Instant::now();
-                }
+                self.send(Change::Barrier).await?;
             }
             dataset_epoch = Some(item.epoch);
             if let Some(rate) = self.upstream_rate.filter(|r| *r > 0) {
@@ -1484,21 +1259,11 @@ impl<T: StateTable> Source<T> {
                     tokio::time::sleep(wait).await;
                 }
             }
-            self.upstream.write(&item.chunk)?;
             let n = item.chunk.num_rows() as u64;
+            self.send(Change::Chunk(item.chunk)).await?;
             rows += n;
             paced += n;
-            dirty = true;
-            self.send(Message::Chunk(item.chunk)).await?;
             applied.send_replace(rows);
-            if self
-                .barrier_interval
-                .is_some_and(|interval| last_barrier.elapsed() >= interval)
-            {
-                self.barrier(None, rows).await?;
-                last_barrier = Instant::now();
-                dirty = false;
-            }
         }
         if skip > 0 {
             return Err(Error::StateConflict {
@@ -1510,33 +1275,12 @@ impl<T: StateTable> Source<T> {
                 ),
             });
         }
-        // Close the last dataset epoch.
+        // Close the last dataset epoch; the job turns barriers until the backfill finishes.
         if let Some(closed) = dataset_epoch {
             self.request_rescales(closed)?;
+            self.send(Change::Barrier).await?;
         }
-        if dirty {
-            self.barrier(None, rows).await?;
-        }
-        // The changelog is exhausted: keep the epochs turning until the backfill finishes.
-        // A barrier goes out at the interval, or as soon as every vnode is read to the end
-        // (finishing is reported at the next barrier).
-        let idle = self
-            .barrier_interval
-            .unwrap_or(DEFAULT_IDLE_BARRIER_INTERVAL);
-        let all_read = |s: &BackfillStats| s.vnodes.not_started == 0 && s.vnodes.in_progress == 0;
-        while !self.stats.borrow().finished {
-            let read = self.wait_for(idle, |s| s.finished || all_read(s)).await;
-            if self.stats.borrow().finished {
-                break;
-            }
-            self.barrier(None, rows).await?;
-            if read {
-                // Give that barrier the time to pass before sending another.
-                self.wait_for(idle, |s| s.finished).await;
-            }
-        }
-        self.barrier(Some(Mutation::Stop), rows).await?;
-        Ok(rows)
+        Ok(())
     }
 
     /// Requests the rescales due once dataset epoch `closed` is closed: the runtime attaches
@@ -1552,40 +1296,11 @@ impl<T: StateTable> Source<T> {
         Ok(())
     }
 
-    /// Waits up to `timeout` for the backfill's counters to satisfy `done`; returns whether
-    /// they do.
-    async fn wait_for(&mut self, timeout: Duration, done: impl Fn(&BackfillStats) -> bool) -> bool {
-        let stats = &mut self.stats;
-        tokio::time::timeout(timeout, async {
-            while !done(&stats.borrow_and_update()) {
-                if stats.changed().await.is_err() {
-                    return false;
-                }
-            }
-            true
-        })
-        .await
-        .unwrap_or(false)
-    }
-
-    /// Seals the open epoch upstream (with `rows` changelog rows applied as of it) and sends
-    /// its closing barrier.
-    async fn barrier(&mut self, mutation: Option<Mutation>, rows: u64) -> Result<()> {
-        self.in_flight.acquire().await?;
-        let barrier = self.injector.next(mutation);
-        self.upstream.seal(barrier.epoch.prev)?;
-        self.applied_at
-            .lock()
-            .map_err(|_| internal!("applied map poisoned"))?
-            .insert(barrier.epoch.prev, rows);
-        self.send(Message::Barrier(barrier)).await
-    }
-
-    async fn send(&mut self, message: Message) -> Result<()> {
+    async fn send(&mut self, change: Change) -> Result<()> {
         self.tx
-            .send(Ok(message))
+            .send(Ok(change))
             .await
-            .map_err(|_| internal!("the backfill stopped reading its upstream"))
+            .map_err(|_| internal!("the job stopped reading its upstream"))
     }
 }
 

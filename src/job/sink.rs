@@ -61,6 +61,7 @@ use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::job::column_writer::ColumnParallelWriter;
 use crate::job::encoding::EncodingChoice;
+use crate::job::exactly_once::{ExactlyOnceSink, PreparedCheckpoint, Recovery as JobRecovery};
 use crate::store::io::{StorageIo, WriteFile, named};
 use crate::table::TableDesc;
 
@@ -592,8 +593,10 @@ pub struct ParquetSink {
     encoder: Encoder,
     /// Whether chunks went to the encoder since the last `prepare`.
     pending: bool,
-    rows_published: u64,
+    rows_published: Arc<std::sync::atomic::AtomicU64>,
     files_published: u64,
+    /// The job checkpoint the sink was opened at (its recovery is done by then).
+    committed: Option<u64>,
     /// The digest of every file this sink published, when it digests (see
     /// [`ParquetSink::with_digest`]).
     published_digest: Option<TableDigest>,
@@ -669,8 +672,9 @@ impl ParquetSink {
             io,
             dir,
             pending: false,
-            rows_published: 0,
+            rows_published: Arc::default(),
             files_published: 0,
+            committed,
             published_digest: None,
             recovery: Recovery {
                 rolled_forward: roll.len() as u64,
@@ -758,7 +762,7 @@ impl ParquetSink {
 
     /// Counts in the file of `prepared`, made visible with [`Prepared::reveal`].
     pub fn published(&mut self, prepared: Prepared) -> Result<()> {
-        self.rows_published += prepared.rows;
+        (self.rows_published).fetch_add(prepared.rows, std::sync::atomic::Ordering::Relaxed);
         self.files_published += 1;
         if let (Some(all), Some(file)) = (&mut self.published_digest, &prepared.digest) {
             all.add(file)?;
@@ -769,6 +773,12 @@ impl ParquetSink {
     /// Rows in files published by this sink.
     pub fn rows_published(&self) -> u64 {
         self.rows_published
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`ParquetSink::rows_published`], readable while the sink is in use (for progress).
+    pub fn published_rows(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.rows_published)
     }
 
     /// Files published by this sink.
@@ -780,6 +790,70 @@ impl ParquetSink {
     #[cfg(test)]
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// The sink of a replay's job: the two phases of [`ParquetSink`] as the library's
+/// exactly-once interface. The sink recovers when it is opened (it knows the committed
+/// checkpoint then, and the replay checks the committed files before); `recover` only checks
+/// that the job resumes at that checkpoint.
+impl ExactlyOnceSink for ParquetSink {
+    type Prepared = CheckpointFile;
+
+    fn recover(&mut self, recovery: &JobRecovery) -> Result<()> {
+        if recovery.committed != self.committed {
+            return Err(internal!(
+                "the sink was opened at checkpoint {:?}, the job resumes at {:?}",
+                self.committed,
+                recovery.committed
+            ));
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, epoch: u64, chunk: StreamChunk) -> Result<()> {
+        self.push(epoch, chunk)
+    }
+
+    fn prepare(&mut self, epoch: u64) -> Result<CheckpointFile> {
+        Ok(CheckpointFile {
+            preparing: self.start_prepare(epoch)?,
+            prepared: None,
+        })
+    }
+
+    fn committed(&mut self, _epoch: u64, file: CheckpointFile) -> Result<()> {
+        match file.prepared {
+            Some(prepared) => self.published(prepared),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A checkpoint's file on its way (none when the checkpoint had no rows): encoded and
+/// synced as `.tmp`, its record (rows, size, CRC) committed with the checkpoint, renamed.
+#[derive(Debug)]
+pub struct CheckpointFile {
+    preparing: Option<Preparing>,
+    prepared: Option<Prepared>,
+}
+
+impl PreparedCheckpoint for CheckpointFile {
+    fn make_durable(&mut self) -> Result<Option<String>> {
+        let Some(preparing) = self.preparing.take() else {
+            return Ok(None);
+        };
+        let prepared = preparing.wait()?;
+        let record = prepared.record().encode();
+        self.prepared = Some(prepared);
+        Ok(Some(record))
+    }
+
+    fn publish(&mut self) -> Result<()> {
+        match &self.prepared {
+            Some(prepared) => prepared.reveal(),
+            None => Ok(()),
+        }
     }
 }
 

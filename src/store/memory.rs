@@ -142,6 +142,10 @@ impl StateStore for MemoryStore {
         self.open(name, vnodes, false)
     }
 
+    fn table_desc(&self, name: &str) -> Result<Arc<TableDesc>> {
+        Ok(self.read()?.table(name)?.desc.clone())
+    }
+
     fn replicated_table(&self, name: &str, vnodes: VnodeBitmap) -> Result<MemoryTable> {
         self.open(name, vnodes, true)
     }

@@ -246,6 +246,9 @@ pub trait StateStore: Clone + Send + Sync + 'static {
     /// Defines a table. Its name must be new.
     fn create_table(&self, desc: TableDesc) -> Result<Arc<TableDesc>>;
 
+    /// The definition of table `name` ([`Error::UnknownTable`] if there is none).
+    fn table_desc(&self, name: &str) -> Result<Arc<TableDesc>>;
+
     /// Opens a writable handle on the given vnodes of a table.
     fn table(&self, name: &str, vnodes: VnodeBitmap) -> Result<Self::Table>;
 

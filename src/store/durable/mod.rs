@@ -970,6 +970,12 @@ impl StateStore for DurableStore {
         self.open_handle(name, vnodes, false)
     }
 
+    fn table_desc(&self, name: &str) -> Result<Arc<TableDesc>> {
+        let state = self.read()?;
+        state.check_ok()?;
+        Ok(state.table(name)?.desc.clone())
+    }
+
     fn replicated_table(&self, name: &str, vnodes: VnodeBitmap) -> Result<DurableTable> {
         self.open_handle(name, vnodes, true)
     }
