@@ -20,8 +20,7 @@ use std::thread::JoinHandle;
 use arrow_array::BooleanArray;
 
 use super::file::{DiskRun, MIN_BLOCK_ROWS, RunFileWriter};
-use super::log::{EditKind, LogRecord, TableEdit, VnodeEdit};
-use super::manifest::FileEntry;
+use super::record::{EditKind, FileEntry, LogRecord, TableEdit, VnodeEdit};
 use super::{Shared, VnodeRuns};
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;

@@ -51,6 +51,7 @@ mod file;
 mod lock;
 mod log;
 mod manifest;
+mod record;
 mod stored;
 
 pub use self::lock::{DirLock, LOCK_FILE};
@@ -65,8 +66,11 @@ use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 
 use self::file::{Chain, DiskRun, MIN_BLOCK_ROWS, RunFile, RunFileWriter, RunSpan};
-use self::log::{EditKind, LogRecord, LogWriter, TableEdit, VnodeEdit, log_file_name};
-use self::manifest::{FileEntry, MANIFEST_FILE, Manifest, RunEntry, TableEntry};
+use self::log::LogWriter;
+use self::manifest::{MANIFEST_FILE, Manifest, TableEntry};
+use self::record::{
+    EditKind, FileEntry, LogRecord, RunEntry, TableEdit, VnodeEdit, log_file_name, log_generation,
+};
 use super::io::{RealIo, StorageIo};
 use super::run::{MergeReader, Run, RunList, Views, build_pending_sliced_runs};
 use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable, check_seal, check_write};
@@ -494,7 +498,7 @@ pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
     // Generations only grow: no log left behind by a crash here can pass for the new one's.
     let newest = names
         .iter()
-        .filter_map(|n| log::log_generation(n))
+        .filter_map(|n| log_generation(n))
         .chain(
             Manifest::load(io, dir)
                 .ok()
@@ -512,7 +516,7 @@ pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
     for name in names {
         if manifest::run_file_id(&name).is_some()
             || name == "MANIFEST.tmp"
-            || log::log_generation(&name).is_some_and(|g| g != next)
+            || log_generation(&name).is_some_and(|g| g != next)
         {
             io.remove(&dir.join(name))?;
         }
@@ -563,7 +567,7 @@ impl DurableStore {
         // Logs the manifest does not name yet: a rewrite's, created before its manifest.
         let mut unfinished = Vec::new();
         for name in &names {
-            let Some(g) = log::log_generation(name) else {
+            let Some(g) = log_generation(name) else {
                 continue;
             };
             if has_manifest && g <= generation {
@@ -693,7 +697,7 @@ impl DurableStore {
         }
         // Everything checks out: only now remove what the manifest does not name.
         for name in &names {
-            let unlisted = match (manifest::run_file_id(name), log::log_generation(name)) {
+            let unlisted = match (manifest::run_file_id(name), log_generation(name)) {
                 (Some(id), _) => !state.files.contains(id),
                 (None, Some(g)) => g < generation || unfinished.contains(name),
                 (None, None) => name == "MANIFEST.tmp",
