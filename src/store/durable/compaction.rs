@@ -19,9 +19,10 @@ use std::thread::JoinHandle;
 
 use arrow_array::BooleanArray;
 
+use super::Shared;
 use super::file::{DiskRun, MIN_BLOCK_ROWS, RunFileWriter};
 use super::record::{EditKind, FileEntry, LogRecord, TableEdit, VnodeEdit};
-use super::{Shared, VnodeRuns};
+use super::version::VnodeRuns;
 use crate::error::{Error, Result};
 use crate::store::KeyedBatch;
 use crate::store::run::SEGMENT_ROWS;
