@@ -15,7 +15,7 @@
 //!                                               tombstones)
 //! ```
 //!
-//! Rules every implementation keeps:
+//! Rules every implementation keeps (the checks written once, in `rules.rs`):
 //! - A handle owns a set of vnodes; writing a row of another vnode is an error.
 //! - Epochs a handle seals strictly increase; `commit(c)` needs `c` above the committed epoch.
 //! - A read at epoch `e` sees the committed data plus the sealed layers up to `e` (for a
@@ -32,6 +32,7 @@
 pub mod durable;
 pub mod io;
 mod memory;
+mod rules;
 pub(crate) mod run;
 mod scatter;
 
@@ -41,99 +42,13 @@ pub(crate) use run::gc_views;
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{Decimal128Type, DecimalType};
 use arrow_array::{Array, BinaryArray, RecordBatch};
-use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType};
 
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
-
-/// The checks every handle makes on a write: the table's schema, and rows only in the
-/// vnodes it owns. Returns each row's vnode.
-pub(crate) fn check_write(
-    desc: &TableDesc,
-    owned: &VnodeBitmap,
-    chunk: &StreamChunk,
-    owner: impl FnOnce() -> String,
-) -> Result<Vec<VirtualNode>> {
-    desc.check_schema(&chunk.schema(), "a write")?;
-    check_decimals(chunk.batch())?;
-    let vnodes = desc.vnodes_of(chunk.batch())?;
-    if let Some(vnode) = vnodes.iter().find(|v| !owned.contains(**v)) {
-        return Err(crate::error::Error::VnodeNotOwned {
-            vnode: vnode.get(),
-            owner: owner(),
-        });
-    }
-    Ok(vnodes)
-}
-
-/// Decimals of precision 18 or less hold at most 18 digits: run files store them as 64-bit
-/// decimals, so a value with more (which Arrow does not check when an array is built) is
-/// refused here, naming its column, rather than stored wrong.
-pub(crate) fn check_decimals(batch: &RecordBatch) -> Result<()> {
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        let DataType::Decimal128(precision, scale) = *field.data_type() else {
-            continue;
-        };
-        if precision > DECIMAL64_MAX_PRECISION {
-            continue;
-        }
-        let array = column.as_primitive::<Decimal128Type>();
-        let max = Decimal128Type::MAX_FOR_EACH_PRECISION[usize::from(precision)];
-        // Branch-free over every slot, so that it vectorizes; a null slot's value means
-        // nothing, so only a hit is looked at again, null-aware.
-        let any = (array.values().iter()).fold(false, |out, &v| out | (v > max) | (v < -max));
-        if !any {
-            continue;
-        }
-        if let Some(value) = array.iter().flatten().find(|v| *v > max || *v < -max) {
-            return Err(Error::decimal_too_long(
-                field.name(),
-                value,
-                precision,
-                scale,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The epoch rules of a seal: after the handle's last seal and, for a handle that is not
-/// replicated, above the committed epoch.
-pub(crate) fn check_seal(
-    desc: &TableDesc,
-    epoch: u64,
-    last_sealed: Option<u64>,
-    committed: Option<u64>,
-    replicated: bool,
-) -> Result<()> {
-    use crate::error::Error;
-    if let Some(last) = last_sealed
-        && epoch <= last
-    {
-        return Err(Error::EpochOrder {
-            context: format!("seal of table `{}`", desc.name()),
-            epoch,
-            previous: last,
-        });
-    }
-    if !replicated
-        && let Some(committed) = committed
-        && epoch <= committed
-    {
-        return Err(Error::EpochOrder {
-            context: format!("seal of table `{}` (already committed)", desc.name()),
-            epoch,
-            previous: committed,
-        });
-    }
-    Ok(())
-}
 
 /// Rows of one table with their encoded primary keys (`keys.value(i)` is row `i`'s key).
 #[derive(Debug, Clone)]
@@ -321,49 +236,5 @@ impl ScanRows {
     /// The rows as a batch of arrays (zero-copy slices of the shared rows).
     pub fn to_batch(&self) -> KeyedBatch {
         self.0.data_of(0, self.0.len())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::KeyColumn;
-    use crate::vnode::VnodeCount;
-    use arrow_array::{Decimal128Array, Int64Array};
-    use arrow_schema::{Field, Schema};
-
-    fn write_of(values: Vec<Option<i128>>, precision: u8) -> Result<Vec<VirtualNode>> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("price", DataType::Decimal128(precision, 2), true),
-        ]));
-        let desc = TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])?
-            .with_vnode_count(VnodeCount::new(4)?);
-        let n = values.len() as i64;
-        let prices = Decimal128Array::from(values).with_precision_and_scale(precision, 2)?;
-        let batch = RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..n)),
-                Arc::new(prices),
-            ],
-        )?;
-        let owned = VnodeBitmap::full(desc.vnode_count());
-        check_write(&desc, &owned, &StreamChunk::inserts(batch), || "t".into())
-    }
-
-    #[test]
-    fn a_write_of_a_decimal_with_more_digits_than_its_precision_is_bad_input() {
-        let most = 10i128.pow(15) - 1;
-        assert!(write_of(vec![Some(most), Some(-most), None], 15).is_ok());
-        for bad in [most + 1, -most - 1, i128::from(i64::MAX) + 1] {
-            let err = write_of(vec![Some(1), Some(bad)], 15).unwrap_err();
-            assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
-            assert!(err.is_bad_input());
-            assert!(err.to_string().contains("`price`"), "{err}");
-            assert!(err.to_string().contains("decimal(15, 2)"), "{err}");
-        }
-        // Above 18 digits a column is stored as it is: no check of ours.
-        assert!(write_of(vec![Some(i128::MAX)], 30).is_ok());
     }
 }

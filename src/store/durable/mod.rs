@@ -90,6 +90,7 @@ use self::record::{EditKind, FileEntry, LogRecord, TableEdit, VnodeEdit, log_fil
 use self::version::{LayerRun, SealedLayers, State, TableState, VnodeLayer, VnodeRuns, run_entry};
 use super::StateStore;
 use super::io::StorageIo;
+use super::rules::{check_commit, check_handle, meta_with_prefix};
 use super::run::Run;
 use crate::error::{Error, Result};
 use crate::table::TableDesc;
@@ -267,13 +268,7 @@ impl DurableStore {
             state.check_ok()?;
             state.table(name)?.desc.clone()
         };
-        if vnodes.count() != desc.vnode_count() {
-            return Err(Error::InvalidConfig(format!(
-                "a handle on {} vnodes for table `{name}` of {} vnodes",
-                vnodes.count().get(),
-                desc.vnode_count().get()
-            )));
-        }
+        check_handle(&desc, &vnodes)?;
         Ok(DurableTable::new(self.clone(), desc, vnodes, replicated))
     }
 }
@@ -455,15 +450,7 @@ impl StateStore for DurableStore {
         let layers: Vec<(String, Arc<TableDesc>, SealedLayers)> = {
             let state = self.read()?;
             state.check_ok()?;
-            if let Some(committed) = state.committed
-                && epoch <= committed
-            {
-                return Err(Error::EpochOrder {
-                    context: "store commit".into(),
-                    epoch,
-                    previous: committed,
-                });
-            }
+            check_commit(epoch, state.committed)?;
             state
                 .tables
                 .iter()
@@ -682,12 +669,6 @@ impl StateStore for DurableStore {
     }
 
     fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        Ok(self
-            .read()?
-            .meta
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+        Ok(meta_with_prefix(&self.read()?.meta, prefix))
     }
 }

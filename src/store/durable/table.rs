@@ -20,8 +20,12 @@ use super::version::{Layer, LayerRun, State};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
+use crate::store::rules::{
+    check_owned, check_read_epoch, check_seal, check_write, install_sealed, keep_replicated, known,
+    owner, replicated_visible,
+};
 use crate::store::run::{MergeReader, Run, RunList, Views, build_pending_sliced_runs};
-use crate::store::{KeyedBatch, ScanRows, SnapshotScan, StateTable, check_seal, check_write};
+use crate::store::{KeyedBatch, ScanRows, SnapshotScan, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 
@@ -96,22 +100,6 @@ impl DurableTable {
             order: HashMap::new(),
             last_sealed: None,
             local: BTreeMap::new(),
-        }
-    }
-
-    fn owner(&self) -> String {
-        let kind = if self.replicated { "replicated " } else { "" };
-        format!("this {kind}handle on table `{}`", self.desc.name())
-    }
-
-    fn check_owned(&self, vnode: VirtualNode) -> Result<()> {
-        if self.vnodes.contains(vnode) {
-            Ok(())
-        } else {
-            Err(Error::VnodeNotOwned {
-                vnode: vnode.get(),
-                owner: self.owner(),
-            })
         }
     }
 
@@ -201,13 +189,7 @@ impl DurableTable {
         epoch: u64,
     ) -> Result<Vec<LayerRun>> {
         let layers: Box<dyn Iterator<Item = &Layer>> = if self.replicated {
-            let after = state.committed.map_or(0, |c| c + 1);
-            Box::new(
-                self.local
-                    .range(after..)
-                    .take_while(move |(e, _)| **e <= epoch)
-                    .map(|(_, l)| l),
-            )
+            Box::new(replicated_visible(&self.local, state.committed, epoch))
         } else {
             Box::new(
                 state
@@ -228,10 +210,10 @@ impl DurableTable {
     /// Everything a read of `vnode` at `epoch` merges, oldest first: the base, the committed
     /// deltas, then the visible sealed layers.
     fn sources(&self, vnode: VirtualNode, epoch: u64) -> Result<Vec<Box<dyn RunList>>> {
-        self.check_owned(vnode)?;
+        check_owned(&self.desc, &self.vnodes, self.replicated, vnode)?;
         let state = self.store.read()?;
         state.check_ok()?;
-        state.check_read_epoch(self.desc.name(), epoch)?;
+        check_read_epoch(self.desc.name(), epoch, state.committed)?;
         let table = state.table(self.desc.name())?;
         let mut sources = table.vnodes[vnode.index()].sources();
         for run in self.visible_layers(&state, vnode, epoch)? {
@@ -271,7 +253,9 @@ impl StateTable for DurableTable {
     }
 
     fn write(&mut self, chunk: &StreamChunk) -> Result<()> {
-        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || self.owner())?;
+        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || {
+            owner(&self.desc, self.replicated)
+        })?;
         if chunk.is_empty() {
             return Ok(());
         }
@@ -348,27 +332,15 @@ impl StateTable for DurableTable {
             }
         }
         if self.replicated {
-            let keep_after = committed.map_or(0, |c| c + 1);
-            self.local = self.local.split_off(&keep_after);
-            if epoch >= keep_after && !layer.is_empty() {
-                self.local.insert(epoch, layer);
-            }
+            let layer = (!layer.is_empty()).then_some(layer);
+            keep_replicated(&mut self.local, committed, epoch, layer);
         } else if !layer.is_empty() {
             let mut state = self.store.write()?;
             state.memory += kept_bytes;
-            let table = state
-                .tables
-                .get_mut(self.desc.name())
-                .ok_or_else(|| Error::UnknownTable(self.desc.name().to_string()))?;
+            let name = self.desc.name();
+            let table = known(state.tables.get_mut(name), name)?;
             let slot = Arc::make_mut(table.sealed.entry(epoch).or_default());
-            for (vnode, runs) in layer {
-                if slot.insert(vnode, runs).is_some() {
-                    return Err(Error::Internal(format!(
-                        "two handles wrote vnode {vnode} of table `{}` in epoch {epoch}",
-                        self.desc.name()
-                    )));
-                }
-            }
+            install_sealed(slot, layer, &self.desc, epoch)?;
         }
         self.last_sealed = Some(epoch);
         Ok(())

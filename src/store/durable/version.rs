@@ -18,6 +18,7 @@ use super::file::{Chain, DiskRun, RunFile};
 use super::manifest::{Manifest, TableEntry};
 use super::record::{FileEntry, RunEntry};
 use crate::error::{Error, Result};
+use crate::store::rules::known;
 use crate::store::run::{Run, RunList};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
@@ -243,20 +244,7 @@ impl State {
     }
 
     pub(super) fn table(&self, name: &str) -> Result<&TableState> {
-        self.tables
-            .get(name)
-            .ok_or_else(|| Error::UnknownTable(name.to_string()))
-    }
-
-    pub(super) fn check_read_epoch(&self, table: &str, epoch: u64) -> Result<()> {
-        match self.committed {
-            Some(committed) if epoch < committed => Err(Error::StaleRead {
-                table: table.to_string(),
-                epoch,
-                committed,
-            }),
-            _ => Ok(()),
-        }
+        known(self.tables.get(name), name)
     }
 
     /// The manifest of this state's committed part.
