@@ -1,7 +1,7 @@
 //! The in-memory columnar store: the fast default for embedding and benchmarks.
 //!
 //! Per table and vnode, the committed data is a list of sorted Arrow segments (about
-//! [`SEGMENT_ROWS`](super::run::SEGMENT_ROWS) rows each, key ranges following each other).
+//! [`SEGMENT_ROWS`](crate::runs::SEGMENT_ROWS) rows each, key ranges following each other).
 //! Each sealed, uncommitted epoch is a layer of per-vnode delta runs (sorted, with
 //! tombstones). Reads merge the base with the visible layers; `commit` folds layers into the
 //! base, rewriting only the segments whose key range a delta touches.
@@ -19,11 +19,11 @@ use super::rules::{
     check_commit, check_handle, check_owned, check_read_epoch, check_seal, check_write,
     install_sealed, keep_replicated, known, meta_with_prefix, owner, replicated_visible,
 };
-use super::run::{MergeReader, Run, RunList, build_pending_runs, compact};
 use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
+use crate::runs::{MergeReader, Run, RunList, build_pending_runs, compact};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 

@@ -3,9 +3,10 @@
 //! One trait pair, several implementations (DESIGN section 6): [`MemoryStore`], the in-memory
 //! columnar store used for embedding and benchmarks, and [`DurableStore`], the embedded store
 //! of the command-line tool (sorted Arrow IPC run files, a manifest plus a log of each
-//! commit's changes, background compaction, bounded memory; see [`durable`]). Both read through the same merge
-//! of sorted runs (`run.rs`) and pass the same model test. All durable file I/O goes through
-//! the [`io`] seam.
+//! commit's changes, background compaction, bounded memory; see [`durable`]). Both keep
+//! their tables as sorted runs and read them through the same merge, from the run kernel
+//! (`src/runs/`, which the backfill's merges use too), and pass the same model test. All
+//! durable file I/O goes through the [`io`] seam.
 //!
 //! ```text
 //!             write(chunk)          seal(e)                 commit(c)
@@ -33,87 +34,20 @@ pub mod durable;
 pub mod io;
 mod memory;
 mod rules;
-pub(crate) mod run;
-mod scatter;
 
+pub use crate::runs::{KeyedBatch, ScanRows};
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
-pub(crate) use run::gc_views;
 
 use std::sync::Arc;
 
-use arrow_array::{Array, BinaryArray, RecordBatch};
+use arrow_array::RecordBatch;
 
 use crate::chunk::StreamChunk;
 use crate::error::Result;
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
-
-/// Rows of one table with their encoded primary keys (`keys.value(i)` is row `i`'s key).
-#[derive(Debug, Clone)]
-pub struct KeyedBatch {
-    /// The rows.
-    pub batch: RecordBatch,
-    /// Their encoded keys (see [`crate::key`]).
-    pub keys: BinaryArray,
-}
-
-impl KeyedBatch {
-    /// Number of rows.
-    pub fn num_rows(&self) -> usize {
-        self.batch.num_rows()
-    }
-
-    /// True when there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.batch.num_rows() == 0
-    }
-
-    /// A zero-copy slice.
-    pub fn slice(&self, offset: usize, len: usize) -> Self {
-        Self {
-            batch: self.batch.slice(offset, len),
-            keys: self.keys.slice(offset, len),
-        }
-    }
-
-    /// The rows of `pieces` (at least one, all of one schema) in order, as one batch.
-    pub fn concat(pieces: &[KeyedBatch]) -> Result<Self> {
-        let first = pieces
-            .first()
-            .ok_or_else(|| crate::error::internal!("concatenation of no batches"))?;
-        let schema = first.batch.schema_ref();
-        // Pieces of one table share one schema: comparing pointers is the usual answer.
-        let differs = |p: &&KeyedBatch| {
-            let other = p.batch.schema_ref();
-            !Arc::ptr_eq(other, schema) && other != schema
-        };
-        if let Some(other) = pieces.iter().find(differs) {
-            return Err(crate::error::internal!(
-                "concatenation of batches of different schemas: {schema:?} and {:?}",
-                other.batch.schema()
-            ));
-        }
-        let batch = crate::dictionary::concat_batches(schema, pieces.iter().map(|p| &p.batch))?;
-        let keys: Vec<&dyn arrow_array::Array> = pieces
-            .iter()
-            .map(|p| &p.keys as &dyn arrow_array::Array)
-            .collect();
-        let keys = arrow_select::concat::concat(&keys)?;
-        let keys = keys
-            .as_any()
-            .downcast_ref::<BinaryArray>()
-            .ok_or_else(|| crate::error::internal!("encoded keys are not binary"))?
-            .clone();
-        Ok(Self { batch, keys })
-    }
-
-    /// The position of the last row, if any.
-    pub fn last_position(&self) -> Option<Position> {
-        (!self.keys.is_empty()).then(|| Position::from_keys(&self.keys, self.keys.len() - 1))
-    }
-}
 
 /// A store of versioned tables.
 pub trait StateStore: Clone + Send + Sync + 'static {
@@ -204,37 +138,5 @@ pub trait SnapshotScan: Send + 'static {
     /// store hands out a range of rows it shares with other scans ([`ScanRows`]).
     fn next_rows(&mut self) -> Result<Option<ScanRows>> {
         self.next_batch()?.map(ScanRows::new).transpose()
-    }
-}
-
-/// Rows a scan hands out, in key order: a batch of their own, or a range of rows shared with
-/// other scans (the block of a run file several vnodes' runs are packed into, say).
-///
-/// A merge of many vnodes reads ranges as they are: it compares their keys in place and
-/// gathers its output from the shared rows, never slicing each vnode's range into arrays of
-/// its own (at thousands of vnodes a read, those slices and their drops were a large part of
-/// the work).
-#[derive(Debug, Clone)]
-pub struct ScanRows(pub(crate) run::Run);
-
-impl ScanRows {
-    /// `batch` as scan rows: its keys must be one per row.
-    pub fn new(batch: KeyedBatch) -> Result<Self> {
-        run::Run::new(batch, None).map(Self)
-    }
-
-    /// Number of rows.
-    pub fn num_rows(&self) -> usize {
-        self.0.len()
-    }
-
-    /// True when there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
-
-    /// The rows as a batch of arrays (zero-copy slices of the shared rows).
-    pub fn to_batch(&self) -> KeyedBatch {
-        self.0.data_of(0, self.0.len())
     }
 }

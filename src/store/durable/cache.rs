@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use hashbrown::HashMap;
 
-use crate::store::run::Rows;
+use crate::runs::Rows;
 
 /// A block's identity: (file id, block index).
 type Key = (u64, usize);

@@ -24,9 +24,9 @@ use super::file::{DiskRun, MIN_BLOCK_ROWS, RunFileWriter};
 use super::record::{EditKind, FileEntry, LogRecord, TableEdit, VnodeEdit};
 use super::version::VnodeRuns;
 use crate::error::{Error, Result};
+use crate::runs::SEGMENT_ROWS;
+use crate::runs::{MergeReader, Run, newest_tier};
 use crate::store::KeyedBatch;
-use crate::store::run::SEGMENT_ROWS;
-use crate::store::run::{MergeReader, Run, newest_tier};
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).

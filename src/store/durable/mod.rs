@@ -91,8 +91,8 @@ use self::version::{LayerRun, SealedLayers, State, TableState, VnodeLayer, Vnode
 use super::StateStore;
 use super::io::StorageIo;
 use super::rules::{check_commit, check_handle, meta_with_prefix};
-use super::run::Run;
 use crate::error::{Error, Result};
+use crate::runs::Run;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 

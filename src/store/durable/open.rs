@@ -17,8 +17,8 @@ use super::{
     Compaction, DirLock, DurableOptions, DurableStore, LogState, Shared, cache, compaction,
 };
 use crate::error::{Error, Result};
+use crate::runs::RunList;
 use crate::store::io::{RealIo, StorageIo};
-use crate::store::run::RunList;
 
 /// Empties the store in `dir` (if any), crash-safely: an empty manifest replaces the old one
 /// first, then the run files go. Files the store does not own are left alone.

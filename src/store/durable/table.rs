@@ -20,11 +20,11 @@ use super::version::{Layer, LayerRun, State};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::key::Position;
+use crate::runs::{MergeReader, Run, RunList, Views, build_pending_sliced_runs};
 use crate::store::rules::{
     check_owned, check_read_epoch, check_seal, check_write, install_sealed, keep_replicated, known,
     owner, replicated_visible,
 };
-use crate::store::run::{MergeReader, Run, RunList, Views, build_pending_sliced_runs};
 use crate::store::{KeyedBatch, ScanRows, SnapshotScan, StateTable};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};

@@ -18,8 +18,8 @@ use super::file::{Chain, DiskRun, RunFile};
 use super::manifest::{Manifest, TableEntry};
 use super::record::{FileEntry, RunEntry};
 use crate::error::{Error, Result};
+use crate::runs::{Run, RunList};
 use crate::store::rules::known;
-use crate::store::run::{Run, RunList};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 

@@ -61,7 +61,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::stored::{stored_type, stored_type_v1};
 #[cfg(doc)]
-use crate::store::run::SEGMENT_ROWS;
+use crate::runs::SEGMENT_ROWS;
 use crate::vnode::VirtualNode;
 
 /// The tombstone column appended to every run file's schema.

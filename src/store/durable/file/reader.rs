@@ -17,11 +17,11 @@ use arrow_ipc::reader::{FileDecoder, StreamReader};
 use super::index::{BlockMeta, hex_decode, parse_index};
 use super::{FileCheck, HEADER_CRC_KEY, INDEX_KEY, RunSpan, file_schema, file_schema_v1};
 use crate::error::{Error, Result};
+use crate::runs::{Rows, Run, RunList};
 use crate::store::KeyedBatch;
 use crate::store::durable::cache::BlockCache;
 use crate::store::durable::stored::{decode_schema, from_stored, made_bytes};
 use crate::store::io::{ReadFile, StorageIo};
-use crate::store::run::{Rows, Run, RunList};
 use crate::table::{TableDesc, same_fields};
 
 /// Arrow IPC file magic and footer length: the last 10 bytes.

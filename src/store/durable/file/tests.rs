@@ -12,9 +12,9 @@ use super::*;
 use crate::chunk::StreamChunk;
 use crate::error::Result;
 use crate::key::KeyColumn;
+use crate::runs::{Rows, Run, RunList};
 use crate::store::KeyedBatch;
 use crate::store::io::{RealIo, StorageIo};
-use crate::store::run::{Rows, Run, RunList};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeCount};
 

@@ -22,6 +22,7 @@ use super::{
     BLOCK_BYTES, FileCheck, HEADER_CRC_KEY, INDEX_KEY, MIN_BLOCK_ROWS, RunSpan, file_schema,
 };
 use crate::error::{Error, Result};
+use crate::runs::{Run, SEGMENT_ROWS, gc_views, push_joined};
 use crate::store::KeyedBatch;
 use crate::store::durable::cache::BlockCache;
 #[cfg(doc)]
@@ -30,7 +31,6 @@ use crate::store::durable::stored::{
     MAX_BLOCK_VALUE_BYTES, decode_schema, stored_value_bytes, to_stored,
 };
 use crate::store::io::{StorageIo, WriteFile};
-use crate::store::run::{Run, SEGMENT_ROWS, gc_views, push_joined};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
