@@ -97,7 +97,7 @@ impl MergeReader {
     /// `sources` are ordered oldest (the base) to newest; each is a list of runs whose key
     /// ranges follow each other. Reading starts strictly after `after`; runs that end at or
     /// before it are never loaded. Nothing is loaded before the first read: a backfill opens
-    /// a scan per unfinished vnode at every barrier and may read a few of them.
+    /// a scan per unfinished vnode when its snapshot starts and may read a few of them.
     pub fn new(
         sources: Vec<Box<dyn RunList>>,
         after: Option<&[u8]>,

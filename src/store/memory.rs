@@ -1,4 +1,13 @@
-//! The in-memory columnar store: the fast default for embedding and benchmarks.
+//! The in-memory columnar store: for embedding without a directory, for tests and for
+//! benchmarks of the parts above the store.
+//!
+//! It is not the faster store on a whole replay: at `bdf9928` lineitem replayed 1.6x
+//! (scale 0.2) and 2.5x (scale 1) slower on it than on the durable store, in 2 to 7 times
+//! the memory; only the bundled 60k-row dataset was faster here (0.81x). The durable store
+//! had the work of issues 7 and 10 (packed blocks, a block cache, the manifest log,
+//! compaction off the critical path), this one did not (`BENCHMARKS.md`, "Durable against
+//! the in-memory store"; `docs/benchmarks-history.md`, "The in-memory store is not the fast
+//! one").
 //!
 //! Per table and vnode, the committed data is a list of sorted Arrow segments (about
 //! [`SEGMENT_ROWS`](crate::runs::SEGMENT_ROWS) rows each, key ranges following each other).

@@ -27,12 +27,12 @@
 //! A commit costs what it changed: its record names only the vnodes it touched, and its
 //! in-memory install updates only those (live files are reference-counted, compaction
 //! looks only at vnodes given deltas since its last pass). The manifest's rewrite costs
-//! the whole state, but happens once the log has grown [`LOG_GROWTH`] times as large as the
+//! the whole state, but happens once the log has grown `LOG_GROWTH` (4) times as large as the
 //! manifest, so it adds a constant factor to the log's bytes. The formats, byte by byte, are in
 //! `durable/manifest.rs` and `durable/log.rs`.
 //!
 //! Reads merge, per vnode, the base, the committed deltas and the visible sealed layers with
-//! the same [`MergeReader`] as the in-memory store; committed runs are read block by block
+//! the same merged read as the in-memory store (`MergeReader`, in `src/runs/`); committed runs are read block by block
 //! from disk (each block checked against its CRC), so memory holds one block per source.
 //!
 //! Invariants:
@@ -102,8 +102,9 @@ pub struct DurableOptions {
     /// Bytes of uncommitted data kept in memory (sealed layers and write buffers) before
     /// layers are spilled to run files.
     pub memory_budget: usize,
-    /// Compact a vnode (rewrite its base) once it has this many committed delta runs (or
-    /// earlier, once its deltas hold a quarter of its base's rows and a block's worth).
+    /// Compact a vnode (rewrite its base) once it has this many committed delta runs (0 is
+    /// taken as 1), or earlier, once it has two or more whose rows together are at least a
+    /// quarter of its base's rows and at least 64 (the fewest rows a block holds).
     pub max_deltas: usize,
     /// Merge a vnode's delta runs into one once it has this many (and no full compaction is
     /// due). A scan holds one loaded block per run it reads, so this bounds its memory
@@ -111,8 +112,9 @@ pub struct DurableOptions {
     pub merge_deltas: usize,
     /// When compaction runs.
     pub compaction: Compaction,
-    /// Bytes of decoded blocks kept for re-reads (a backfill re-opens its scans at every
-    /// barrier, at the blocks it stopped in).
+    /// Bytes of decoded blocks kept for re-reads: the blocks of a packed batch that many
+    /// vnodes' short runs share, and the block a scan opened afresh (past the backfill's
+    /// patch budget, or after a pause, a resume or a throttle) stopped in before.
     pub block_cache: usize,
 }
 
