@@ -148,6 +148,7 @@ pub mod job;
 pub mod key;
 pub mod merge;
 pub mod replay;
+mod runs;
 pub mod store;
 pub mod table;
 pub mod vnode;

@@ -23,7 +23,7 @@
 //! the replay's record in the store's meta:
 //! - `replay.job`: the job's identity (dataset name, columns, keys, vnode count, input files
 //!   and sizes); a state directory of another job is refused;
-//! - `replay.format`: the state's layout version ([`STATE_FORMAT`]);
+//! - `replay.format`: the state's layout version (`STATE_FORMAT`, 2);
 //! - `replay.job_id` and `replay.out`: the tie to the output (`output.rs`);
 //!
 //! and the job commits its own at every checkpoint: how many changelog rows the table holds,

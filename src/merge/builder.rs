@@ -39,8 +39,8 @@ use crate::error::{Result, internal};
 use crate::interleave::interleave_batches;
 use crate::key::{Position, PrimaryKey};
 use crate::merge::VnodeAdvance;
-use crate::store::KeyedBatch;
-use crate::store::run::{Rows, Run};
+use crate::runs::KeyedBatch;
+use crate::runs::{Rows, Run};
 use crate::vnode::VirtualNode;
 
 /// An empty batch with `schema`, or with no columns if no schema is known.

@@ -18,8 +18,8 @@ use arrow_schema::SchemaRef;
 use crate::error::{Error, Result};
 use crate::key::Position;
 use crate::merge::patch::{Patch, Patches};
+use crate::runs::Run;
 use crate::store::SnapshotScan;
-use crate::store::run::Run;
 use crate::vnode::VirtualNode;
 
 /// A vnode's scan and what the mergers need to know about it.

@@ -43,8 +43,8 @@ use crate::merge::input::MergeInput;
 use crate::merge::loser_tree::LoserTree;
 use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, RestartInputs, SnapshotMerger};
+use crate::runs::Run;
 use crate::store::SnapshotScan;
-use crate::store::run::Run;
 use crate::vnode::VirtualNode;
 
 /// A k-way merge of per-vnode snapshot scans into key-ordered batches. See the module docs.

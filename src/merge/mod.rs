@@ -100,7 +100,7 @@ pub use round_robin::RoundRobin;
 
 use crate::error::Result;
 use crate::key::Position;
-use crate::store::KeyedBatch;
+use crate::runs::KeyedBatch;
 use crate::vnode::VirtualNode;
 
 use crate::store::SnapshotScan;

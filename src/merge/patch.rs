@@ -30,8 +30,8 @@ use arrow_select::interleave::interleave;
 use crate::chunk::{Op, StreamChunk};
 use crate::error::{Result, internal};
 use crate::interleave::interleave_batches;
-use crate::store::run::{Rows, Run, Views, build_sliced_runs, newest_tier, partition_point};
-use crate::store::{KeyedBatch, gc_views};
+use crate::runs::{KeyedBatch, gc_views};
+use crate::runs::{Rows, Run, Views, build_sliced_runs, newest_tier, partition_point};
 use crate::table::TableDesc;
 use crate::vnode::VirtualNode;
 
@@ -348,7 +348,7 @@ mod tests {
     use super::*;
     use crate::key::first_unordered;
     use crate::merge::testing::{int_key, int_rows_with_ids};
-    use crate::store::run::Rows as SharedRows;
+    use crate::runs::Rows as SharedRows;
 
     /// Key to value (`None`: a tombstone), as a BTreeMap: the oracle.
     type Rows = BTreeMap<i64, Option<u64>>;

@@ -55,8 +55,8 @@ use crate::merge::builder::empty_batch;
 use crate::merge::input::MergeInput;
 use crate::merge::patch::Patch;
 use crate::merge::{MergeOutput, OpenScan, RestartInputs, SnapshotMerger, VnodeAdvance};
+use crate::runs::{Run, assemble};
 use crate::store::SnapshotScan;
-use crate::store::run::{Run, assemble};
 use crate::vnode::VirtualNode;
 
 /// The most inputs one gathered output takes batches from.

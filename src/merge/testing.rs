@@ -16,7 +16,8 @@ use rand::seq::IndexedRandom;
 use crate::error::Result;
 use crate::key::{KeyColumn, Position, PrimaryKey};
 use crate::merge::{MergeOutput, Patch, SnapshotMerger};
-use crate::store::{KeyedBatch, SnapshotScan};
+use crate::runs::KeyedBatch;
+use crate::store::SnapshotScan;
 use crate::vnode::VirtualNode;
 
 /// A scan over batches kept in memory.

@@ -613,7 +613,7 @@ impl RunWriter {
 /// them), and the IPC writer writes each batch's buffers whole: without this, every spilled
 /// batch of a run would carry the whole run's strings.
 fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
-    crate::store::gc_views(batch.clone())
+    crate::runs::gc_views(batch.clone())
 }
 
 /// Sorted batches: straight from memory, or merged from runs on disk.

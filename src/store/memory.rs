@@ -1,7 +1,16 @@
-//! The in-memory columnar store: the fast default for embedding and benchmarks.
+//! The in-memory columnar store: for embedding without a directory, for tests and for
+//! benchmarks of the parts above the store.
+//!
+//! It is not the faster store on a whole replay: at `bdf9928` lineitem replayed 1.6x
+//! (scale 0.2) and 2.5x (scale 1) slower on it than on the durable store, in 2 to 7 times
+//! the memory; only the bundled 60k-row dataset was faster here (0.81x). The durable store
+//! had the work of issues 7 and 10 (packed blocks, a block cache, the manifest log,
+//! compaction off the critical path), this one did not (`BENCHMARKS.md`, "Durable against
+//! the in-memory store"; `docs/benchmarks-history.md`, "The in-memory store is not the fast
+//! one").
 //!
 //! Per table and vnode, the committed data is a list of sorted Arrow segments (about
-//! [`SEGMENT_ROWS`](super::run::SEGMENT_ROWS) rows each, key ranges following each other).
+//! [`SEGMENT_ROWS`](crate::runs::SEGMENT_ROWS) rows each, key ranges following each other).
 //! Each sealed, uncommitted epoch is a layer of per-vnode delta runs (sorted, with
 //! tombstones). Reads merge the base with the visible layers; `commit` folds layers into the
 //! base, rewriting only the segments whose key range a delta touches.
@@ -15,11 +24,15 @@ use arrow_array::RecordBatch;
 use hashbrown::HashMap;
 use rayon::prelude::*;
 
-use super::run::{MergeReader, Run, RunList, build_pending_runs, compact};
-use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable, check_seal, check_write};
+use super::rules::{
+    check_commit, check_handle, check_owned, check_read_epoch, check_seal, check_write,
+    install_sealed, keep_replicated, known, meta_with_prefix, owner, replicated_visible,
+};
+use super::{KeyedBatch, ScanRows, SnapshotScan, StateStore, StateTable};
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
+use crate::runs::{MergeReader, Run, RunList, build_pending_runs, compact};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
 
@@ -52,20 +65,7 @@ struct TableState {
 
 impl Inner {
     fn table(&self, name: &str) -> Result<&TableState> {
-        self.tables
-            .get(name)
-            .ok_or_else(|| Error::UnknownTable(name.to_string()))
-    }
-
-    fn check_read_epoch(&self, table: &str, epoch: u64) -> Result<()> {
-        match self.committed {
-            Some(committed) if epoch < committed => Err(Error::StaleRead {
-                table: table.to_string(),
-                epoch,
-                committed,
-            }),
-            _ => Ok(()),
-        }
+        known(self.tables.get(name), name)
     }
 }
 
@@ -99,13 +99,7 @@ impl MemoryStore {
 
     fn open(&self, name: &str, vnodes: VnodeBitmap, replicated: bool) -> Result<MemoryTable> {
         let desc = self.read()?.table(name)?.desc.clone();
-        if vnodes.count() != desc.vnode_count() {
-            return Err(Error::InvalidConfig(format!(
-                "a handle on {} vnodes for table `{name}` of {} vnodes",
-                vnodes.count().get(),
-                desc.vnode_count().get()
-            )));
-        }
+        check_handle(&desc, &vnodes)?;
         Ok(MemoryTable {
             store: self.clone(),
             desc,
@@ -152,15 +146,7 @@ impl StateStore for MemoryStore {
 
     fn commit(&self, epoch: u64) -> Result<()> {
         let mut inner = self.write()?;
-        if let Some(committed) = inner.committed
-            && epoch <= committed
-        {
-            return Err(Error::EpochOrder {
-                context: "store commit".into(),
-                epoch,
-                previous: committed,
-            });
-        }
+        check_commit(epoch, inner.committed)?;
         // Compute every table's new base first, then swap: a failure leaves the store as it was.
         let mut updates = Vec::with_capacity(inner.tables.len());
         for (name, table) in &inner.tables {
@@ -219,13 +205,7 @@ impl StateStore for MemoryStore {
     }
 
     fn meta_with_prefix(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        Ok(self
-            .read()?
-            .meta
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect())
+        Ok(meta_with_prefix(&self.read()?.meta, prefix))
     }
 }
 
@@ -250,22 +230,6 @@ impl MemoryTable {
         self.local.len()
     }
 
-    fn owner(&self) -> String {
-        let kind = if self.replicated { "replicated " } else { "" };
-        format!("this {kind}handle on table `{}`", self.desc.name())
-    }
-
-    fn check_owned(&self, vnode: VirtualNode) -> Result<()> {
-        if self.vnodes.contains(vnode) {
-            Ok(())
-        } else {
-            Err(Error::VnodeNotOwned {
-                vnode: vnode.get(),
-                owner: self.owner(),
-            })
-        }
-    }
-
     /// The delta runs of `vnode` visible at `epoch`, oldest first.
     fn visible_deltas(
         &self,
@@ -274,13 +238,7 @@ impl MemoryTable {
         epoch: u64,
     ) -> Result<Vec<Arc<Run>>> {
         let layers: Box<dyn Iterator<Item = &Layer>> = if self.replicated {
-            let after = inner.committed.map_or(0, |c| c + 1);
-            Box::new(
-                self.local
-                    .range(after..=epoch.max(after))
-                    .filter(move |(e, _)| **e <= epoch)
-                    .map(|(_, l)| l),
-            )
+            Box::new(replicated_visible(&self.local, inner.committed, epoch))
         } else {
             Box::new(
                 inner
@@ -308,7 +266,9 @@ impl StateTable for MemoryTable {
     }
 
     fn write(&mut self, chunk: &StreamChunk) -> Result<()> {
-        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || self.owner())?;
+        let vnodes = check_write(&self.desc, &self.vnodes, chunk, || {
+            owner(&self.desc, self.replicated)
+        })?;
         if !chunk.is_empty() {
             self.pending.push((chunk.clone(), vnodes));
         }
@@ -329,26 +289,18 @@ impl StateTable for MemoryTable {
             .map(|(vnode, run)| (vnode, Arc::new(run)))
             .collect();
         if self.replicated {
-            let keep_after = committed.map_or(0, |c| c + 1);
-            self.local = self.local.split_off(&keep_after);
-            if epoch >= keep_after && !layer.is_empty() {
-                self.local.insert(epoch, layer);
-            }
+            let layer = (!layer.is_empty()).then_some(layer);
+            keep_replicated(&mut self.local, committed, epoch, layer);
         } else if !layer.is_empty() {
             let mut inner = self.store.write()?;
-            let table = inner
-                .tables
-                .get_mut(self.desc.name())
-                .ok_or_else(|| Error::UnknownTable(self.desc.name().to_string()))?;
-            let slot = table.sealed.entry(epoch).or_default();
-            for (vnode, run) in layer {
-                if slot.insert(vnode, run).is_some() {
-                    return Err(internal!(
-                        "two handles wrote vnode {vnode} of table `{}` in epoch {epoch}",
-                        self.desc.name()
-                    ));
-                }
-            }
+            let name = self.desc.name();
+            let table = known(inner.tables.get_mut(name), name)?;
+            install_sealed(
+                table.sealed.entry(epoch).or_default(),
+                layer,
+                &self.desc,
+                epoch,
+            )?;
         }
         self.pending.clear();
         self.last_sealed = Some(epoch);
@@ -362,9 +314,9 @@ impl StateTable for MemoryTable {
         epoch: u64,
         batch_size: usize,
     ) -> Result<MemoryScan> {
-        self.check_owned(vnode)?;
+        check_owned(&self.desc, &self.vnodes, self.replicated, vnode)?;
         let inner = self.store.read()?;
-        inner.check_read_epoch(self.desc.name(), epoch)?;
+        check_read_epoch(self.desc.name(), epoch, inner.committed)?;
         let table = inner.table(self.desc.name())?;
         let mut sources: Vec<Box<dyn RunList>> = vec![Box::new(table.base[vnode.index()].clone())];
         for run in self.visible_deltas(&inner, vnode, epoch)? {
@@ -376,9 +328,9 @@ impl StateTable for MemoryTable {
     }
 
     fn get(&self, vnode: VirtualNode, key: &[u8], epoch: u64) -> Result<Option<RecordBatch>> {
-        self.check_owned(vnode)?;
+        check_owned(&self.desc, &self.vnodes, self.replicated, vnode)?;
         let inner = self.store.read()?;
-        inner.check_read_epoch(self.desc.name(), epoch)?;
+        check_read_epoch(self.desc.name(), epoch, inner.committed)?;
         for run in self.visible_deltas(&inner, vnode, epoch)?.iter().rev() {
             if let Some(row) = run.find(key) {
                 return Ok((!run.is_deleted(row)).then(|| run.row(row)));

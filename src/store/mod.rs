@@ -1,10 +1,11 @@
 //! The state store: tables of rows keyed by `(vnode, primary key)`, versioned by epoch.
 //!
-//! One trait pair, several implementations (docs/DESIGN.md section 6): [`MemoryStore`], the
-//! in-memory columnar store used for embedding and benchmarks, and [`DurableStore`], the
-//! embedded store of the command-line tool (sorted Arrow IPC run files, a manifest plus a log
-//! of each commit's changes, background compaction, bounded memory; see [`durable`]). Both
-//! read through the same merge of sorted runs (`run.rs`) and pass the same model test. All
+//! One trait pair, several implementations (DESIGN section 6): [`MemoryStore`], the in-memory
+//! columnar store used for embedding and benchmarks, and [`DurableStore`], the embedded store
+//! of the command-line tool (sorted Arrow IPC run files, a manifest plus a log of each
+//! commit's changes, background compaction, bounded memory; see [`durable`]). Both keep
+//! their tables as sorted runs and read them through the same merge, from the run kernel
+//! (`src/runs/`, which the backfill's merges use too), and pass the same model test. All
 //! durable file I/O goes through the [`io`] seam.
 //!
 //! ```text
@@ -15,7 +16,7 @@
 //!                                               tombstones)
 //! ```
 //!
-//! Rules every implementation keeps:
+//! Rules every implementation keeps (the checks written once, in `rules.rs`):
 //! - A handle owns a set of vnodes; writing a row of another vnode is an error.
 //! - Epochs a handle seals strictly increase; `commit(c)` needs `c` above the committed epoch.
 //! - A read at epoch `e` sees the committed data plus the sealed layers up to `e` (for a
@@ -32,173 +33,21 @@
 pub mod durable;
 pub mod io;
 mod memory;
-pub(crate) mod run;
-mod scatter;
+mod rules;
 
+pub use crate::runs::{KeyedBatch, ScanRows};
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
-pub(crate) use run::gc_views;
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{Decimal128Type, DecimalType};
-use arrow_array::{Array, BinaryArray, RecordBatch};
-use arrow_schema::{DECIMAL64_MAX_PRECISION, DataType};
+use arrow_array::RecordBatch;
 
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result, internal};
 use crate::key::Position;
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeBitmap};
-
-/// The checks every handle makes on a write: the table's schema, and rows only in the
-/// vnodes it owns. Returns each row's vnode.
-pub(crate) fn check_write(
-    desc: &TableDesc,
-    owned: &VnodeBitmap,
-    chunk: &StreamChunk,
-    owner: impl FnOnce() -> String,
-) -> Result<Vec<VirtualNode>> {
-    desc.check_schema(&chunk.schema(), "a write")?;
-    check_decimals(chunk.batch())?;
-    let vnodes = desc.vnodes_of(chunk.batch())?;
-    if let Some(vnode) = vnodes.iter().find(|v| !owned.contains(**v)) {
-        return Err(crate::error::Error::VnodeNotOwned {
-            vnode: vnode.get(),
-            owner: owner(),
-        });
-    }
-    Ok(vnodes)
-}
-
-/// Decimals of precision 18 or less hold at most 18 digits: run files store them as 64-bit
-/// decimals, so a value with more (which Arrow does not check when an array is built) is
-/// refused here, naming its column, rather than stored wrong.
-pub(crate) fn check_decimals(batch: &RecordBatch) -> Result<()> {
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        let DataType::Decimal128(precision, scale) = *field.data_type() else {
-            continue;
-        };
-        if precision > DECIMAL64_MAX_PRECISION {
-            continue;
-        }
-        let array = column.as_primitive::<Decimal128Type>();
-        let max = Decimal128Type::MAX_FOR_EACH_PRECISION[usize::from(precision)];
-        // Branch-free over every slot, so that it vectorizes; a null slot's value means
-        // nothing, so only a hit is looked at again, null-aware.
-        let any = (array.values().iter()).fold(false, |out, &v| out | (v > max) | (v < -max));
-        if !any {
-            continue;
-        }
-        if let Some(value) = array.iter().flatten().find(|v| *v > max || *v < -max) {
-            return Err(Error::decimal_too_long(
-                field.name(),
-                value,
-                precision,
-                scale,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The epoch rules of a seal: after the handle's last seal and, for a handle that is not
-/// replicated, above the committed epoch.
-pub(crate) fn check_seal(
-    desc: &TableDesc,
-    epoch: u64,
-    last_sealed: Option<u64>,
-    committed: Option<u64>,
-    replicated: bool,
-) -> Result<()> {
-    use crate::error::Error;
-    if let Some(last) = last_sealed
-        && epoch <= last
-    {
-        return Err(Error::EpochOrder {
-            context: format!("seal of table `{}`", desc.name()),
-            epoch,
-            previous: last,
-        });
-    }
-    if !replicated
-        && let Some(committed) = committed
-        && epoch <= committed
-    {
-        return Err(Error::EpochOrder {
-            context: format!("seal of table `{}` (already committed)", desc.name()),
-            epoch,
-            previous: committed,
-        });
-    }
-    Ok(())
-}
-
-/// Rows of one table with their encoded primary keys (`keys.value(i)` is row `i`'s key).
-#[derive(Debug, Clone)]
-pub struct KeyedBatch {
-    /// The rows.
-    pub batch: RecordBatch,
-    /// Their encoded keys (see [`crate::key`]).
-    pub keys: BinaryArray,
-}
-
-impl KeyedBatch {
-    /// Number of rows.
-    pub fn num_rows(&self) -> usize {
-        self.batch.num_rows()
-    }
-
-    /// True when there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.batch.num_rows() == 0
-    }
-
-    /// A zero-copy slice.
-    pub fn slice(&self, offset: usize, len: usize) -> Self {
-        Self {
-            batch: self.batch.slice(offset, len),
-            keys: self.keys.slice(offset, len),
-        }
-    }
-
-    /// The rows of `pieces` (at least one, all of one schema) in order, as one batch.
-    pub fn concat(pieces: &[KeyedBatch]) -> Result<Self> {
-        let first = pieces
-            .first()
-            .ok_or_else(|| crate::error::internal!("concatenation of no batches"))?;
-        let schema = first.batch.schema_ref();
-        // Pieces of one table share one schema: comparing pointers is the usual answer.
-        let differs = |p: &&KeyedBatch| {
-            let other = p.batch.schema_ref();
-            !Arc::ptr_eq(other, schema) && other != schema
-        };
-        if let Some(other) = pieces.iter().find(differs) {
-            return Err(crate::error::internal!(
-                "concatenation of batches of different schemas: {schema:?} and {:?}",
-                other.batch.schema()
-            ));
-        }
-        let batch = crate::dictionary::concat_batches(schema, pieces.iter().map(|p| &p.batch))?;
-        let keys: Vec<&dyn arrow_array::Array> = pieces
-            .iter()
-            .map(|p| &p.keys as &dyn arrow_array::Array)
-            .collect();
-        let keys = arrow_select::concat::concat(&keys)?;
-        let keys = keys
-            .as_any()
-            .downcast_ref::<BinaryArray>()
-            .ok_or_else(|| crate::error::internal!("encoded keys are not binary"))?
-            .clone();
-        Ok(Self { batch, keys })
-    }
-
-    /// The position of the last row, if any.
-    pub fn last_position(&self) -> Option<Position> {
-        (!self.keys.is_empty()).then(|| Position::from_keys(&self.keys, self.keys.len() - 1))
-    }
-}
 
 /// Which job writes each upstream table of a store, in this process: one job at a time, so
 /// that no change is applied twice. Shared by a store's clones.
@@ -333,81 +182,5 @@ pub trait SnapshotScan: Send + 'static {
     /// store hands out a range of rows it shares with other scans ([`ScanRows`]).
     fn next_rows(&mut self) -> Result<Option<ScanRows>> {
         self.next_batch()?.map(ScanRows::new).transpose()
-    }
-}
-
-/// Rows a scan hands out, in key order: a batch of their own, or a range of rows shared with
-/// other scans (the block of a run file several vnodes' runs are packed into, say).
-///
-/// A merge of many vnodes reads ranges as they are: it compares their keys in place and
-/// gathers its output from the shared rows, never slicing each vnode's range into arrays of
-/// its own (at thousands of vnodes a read, those slices and their drops were a large part of
-/// the work).
-#[derive(Debug, Clone)]
-pub struct ScanRows(pub(crate) run::Run);
-
-impl ScanRows {
-    /// `batch` as scan rows: its keys must be one per row.
-    pub fn new(batch: KeyedBatch) -> Result<Self> {
-        run::Run::new(batch, None).map(Self)
-    }
-
-    /// Number of rows.
-    pub fn num_rows(&self) -> usize {
-        self.0.len()
-    }
-
-    /// True when there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
-
-    /// The rows as a batch of arrays (zero-copy slices of the shared rows).
-    pub fn to_batch(&self) -> KeyedBatch {
-        self.0.data_of(0, self.0.len())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::KeyColumn;
-    use crate::vnode::VnodeCount;
-    use arrow_array::{Decimal128Array, Int64Array};
-    use arrow_schema::{Field, Schema};
-
-    fn write_of(values: Vec<Option<i128>>, precision: u8) -> Result<Vec<VirtualNode>> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("price", DataType::Decimal128(precision, 2), true),
-        ]));
-        let desc = TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("k")])?
-            .with_vnode_count(VnodeCount::new(4)?);
-        let n = values.len() as i64;
-        let prices = Decimal128Array::from(values).with_precision_and_scale(precision, 2)?;
-        let batch = RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..n)),
-                Arc::new(prices),
-            ],
-        )?;
-        let owned = VnodeBitmap::full(desc.vnode_count());
-        check_write(&desc, &owned, &StreamChunk::inserts(batch), || "t".into())
-    }
-
-    #[test]
-    fn a_write_of_a_decimal_with_more_digits_than_its_precision_is_bad_input() {
-        let most = 10i128.pow(15) - 1;
-        assert!(write_of(vec![Some(most), Some(-most), None], 15).is_ok());
-        for bad in [most + 1, -most - 1, i128::from(i64::MAX) + 1] {
-            let err = write_of(vec![Some(1), Some(bad)], 15).unwrap_err();
-            assert!(matches!(err, Error::InvalidValue { .. }), "{err}");
-            assert!(err.is_bad_input());
-            assert!(err.to_string().contains("`price`"), "{err}");
-            assert!(err.to_string().contains("decimal(15, 2)"), "{err}");
-        }
-        // Above 18 digits a column is stored as it is: no check of ours.
-        assert!(write_of(vec![Some(i128::MAX)], 30).is_ok());
     }
 }

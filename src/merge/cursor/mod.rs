@@ -46,7 +46,7 @@ use arrow_schema::DataType;
 use crate::error::Result;
 use crate::key::PrimaryKey;
 use crate::merge::loser_tree::Entry;
-use crate::store::run::Run;
+use crate::runs::Run;
 
 mod primitive;
 mod row;

@@ -9,7 +9,7 @@ use arrow_buffer::ScalarBuffer;
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::{Error, Result};
-use crate::store::run::Run;
+use crate::runs::Run;
 
 /// Where a [`PrimitiveCursor`] finds its values.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@ use arrow_array::{Array, BinaryArray};
 
 use super::{Cursor, EXHAUSTED, KeyEntry, PREFETCH_AHEAD, gallop, prefetch};
 use crate::error::Result;
-use crate::store::run::Run;
+use crate::runs::Run;
 
 /// What every row cursor of one merge shares: how many leading bytes all keys have in
 /// common, so that a [`KeyEntry`]'s prefix holds the 8 bytes after them.

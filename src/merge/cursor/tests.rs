@@ -11,15 +11,15 @@ use crate::error::Error;
 use crate::key::KeyColumn;
 use crate::key::first_unordered;
 use crate::merge::testing::{int_key, int_rows, keyed};
-use crate::store::KeyedBatch;
-use crate::store::run::Run;
+use crate::runs::KeyedBatch;
+use crate::runs::Run;
 use arrow_array::BinaryArray;
 
 /// The rows of `batch` as a cursor meets them: a range in the middle of shared rows (the
 /// batch three times over), so that every cursor reads at an offset.
 fn shared(batch: &KeyedBatch) -> Run {
     let rows = KeyedBatch::concat(&[batch.clone(), batch.clone(), batch.clone()]).unwrap();
-    let rows = crate::store::run::Rows::new(rows, None).unwrap();
+    let rows = crate::runs::Rows::new(rows, None).unwrap();
     Run::range(&rows, batch.num_rows(), batch.num_rows()).unwrap()
 }
 

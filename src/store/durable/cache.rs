@@ -1,23 +1,30 @@
 //! A cache of decoded blocks, bounded in bytes.
 //!
-//! A backfill restarts the scan of a vnode whose rows an epoch's changes touched, from the
-//! vnode's position: the block the old scan stopped in is read again. Keeping recently
-//! decoded blocks makes those restarts cost a lookup instead of a read, a checksum, a decode
-//! and a key encoding. Eviction is first-in first-out: the working set (one block per source per
-//! vnode) is revisited in a cycle, which FIFO handles as well as LRU at less cost.
+//! A backfill keeps its scans open across barriers: the changes a barrier brings to the rows
+//! a vnode's scan has still to hand out are merged into that scan in memory (a patch, see
+//! `merge/patch.rs`), nothing is read again. A scan is opened afresh from the store, from
+//! the vnode's position, only when a barrier's patches would pass the patch budget
+//! (`BackfillConfig::patch_budget`), when a resume or a throttle reopens every scan, or when
+//! the snapshot starts again after a pause: then the block the old scan stopped in is read
+//! again. The cache makes those reads, and the reads of the blocks of a packed batch (one
+//! record batch that many vnodes' short runs share, cached as one), cost a lookup instead
+//! of a read, a checksum, a decode and a key encoding. Eviction is first-in first-out: the
+//! working set (one block per source per vnode) is revisited in a cycle, which FIFO handles
+//! as well as LRU at less cost.
 //!
 //! An evicted block that a reader still holds stays findable: the cache keeps a weak
 //! reference to it, which costs no memory the reader does not already hold. A k-way merge
-//! over thousands of vnodes holds one block per vnode, more than the budget; when a barrier
-//! restarts the scan of a vnode whose rows an upstream change touched, the new scan finds
-//! the very block the old one holds instead of reading and decoding it again.
+//! over thousands of vnodes holds one block per vnode, more than the budget; when a vnode's
+//! scan is opened afresh, the new scan finds the very block the old one holds (a restarted
+//! merge input keeps its old scan until the new one has read) instead of reading and
+//! decoding it again.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 
 use hashbrown::HashMap;
 
-use crate::store::run::Rows;
+use crate::runs::Rows;
 
 /// A block's identity: (file id, block index).
 type Key = (u64, usize);

@@ -19,14 +19,14 @@ use std::thread::JoinHandle;
 
 use arrow_array::BooleanArray;
 
+use super::Shared;
 use super::file::{DiskRun, MIN_BLOCK_ROWS, RunFileWriter};
-use super::log::{EditKind, LogRecord, TableEdit, VnodeEdit};
-use super::manifest::FileEntry;
-use super::{Shared, VnodeRuns};
+use super::record::{EditKind, FileEntry, LogRecord, TableEdit, VnodeEdit};
+use super::version::VnodeRuns;
 use crate::error::{Error, Result};
+use crate::runs::SEGMENT_ROWS;
+use crate::runs::{MergeReader, Run, newest_tier};
 use crate::store::KeyedBatch;
-use crate::store::run::SEGMENT_ROWS;
-use crate::store::run::{MergeReader, Run, newest_tier};
 use crate::vnode::VirtualNode;
 
 /// Input rows per compaction job (one output file).
@@ -197,9 +197,10 @@ impl Policy {
 }
 
 /// What a vnode is due for, if anything. A full compaction when it has `max_deltas` delta
-/// runs, or its deltas hold a quarter of its base's rows and a block's worth
-/// ([`MIN_BLOCK_ROWS`]) at least (so the rewrite of the base is paid for by the change it
-/// absorbs: each row is rewritten O(log) times, not once per few commits). Otherwise a merge
+/// runs, or two or more that together hold at least a quarter of its base's rows and at
+/// least [`MIN_BLOCK_ROWS`] rows, the fewest a block holds (so the rewrite of the base is
+/// paid for by the change it absorbs: each row is rewritten O(log) times, not once per few
+/// commits). Otherwise a merge
 /// of its newest deltas into one once it has `merge_deltas` of them ([`newest_tier`]: each
 /// delta row is rewritten about `log2(deltas)` times): a read holds one loaded block per
 /// run, so this bounds what a scan of the vnode holds (the base's block, a few merged
@@ -211,8 +212,8 @@ fn plan(runs: &VnodeRuns, policy: Policy) -> Option<Plan> {
     }
     let base = runs.base_rows();
     let delta: u64 = runs.deltas.iter().map(|(_, d)| d.span.rows).sum();
-    // The deltas pay for the base's rewrite once they hold a quarter of its rows, and a
-    // block's worth at least: a vnode of a few rows given a row an epoch (a progress table
+    // The deltas pay for the base's rewrite once they hold a quarter of its rows, and
+    // `MIN_BLOCK_ROWS` at least: a vnode of a few rows given a row an epoch (a progress table
     // at 32768 vnodes) was rewritten every other commit, a compaction per vnode each time.
     let absorbs = delta * 4 >= base && delta >= MIN_BLOCK_ROWS as u64;
     if deltas >= policy.max_deltas || (deltas >= 2 && absorbs) {

@@ -86,7 +86,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::manifest::{FileEntry, RunEntry};
+use super::record::{
+    EditKind, FileEntry, LogPresence, LogRecord, RunEntry, TableEdit, VnodeEdit, log_file_name,
+};
 use crate::error::{Error, Result};
 use crate::store::io::{StorageIo, WriteFile};
 
@@ -101,65 +103,6 @@ const FRAME_LEN: usize = 28;
 /// What each checksum starts with, so the frame's and the body's differ over equal bytes.
 const HEAD_TAG: &[u8; 4] = b"LOGH";
 const BODY_TAG: &[u8; 4] = b"LOGB";
-
-/// The file name of the log of `generation`.
-pub(crate) fn log_file_name(generation: u64) -> String {
-    format!("LOG-{generation:020}")
-}
-
-/// The generation of a log file name, if it is one.
-pub(crate) fn log_generation(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("LOG-")?;
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
-
-/// What a vnode edit does to the vnode's run list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EditKind {
-    /// The runs go after the vnode's existing runs (a commit's deltas).
-    Append,
-    /// The runs replace the vnode's run list (a compaction's result).
-    Replace,
-}
-
-/// The runs of one vnode that a record changes.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct VnodeEdit {
-    /// The vnode.
-    pub vnode: u16,
-    /// Append or replace.
-    pub kind: EditKind,
-    /// The runs (their `vnode` is `self.vnode`).
-    pub runs: Vec<RunEntry>,
-}
-
-/// The vnode edits of one table.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct TableEdit {
-    /// The table's name.
-    pub table: String,
-    /// Its edited vnodes.
-    pub vnodes: Vec<VnodeEdit>,
-}
-
-/// One commit's (or compaction install's) changes. See the module docs.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(crate) struct LogRecord {
-    /// The committed epoch after this record.
-    pub committed_epoch: Option<u64>,
-    /// The next file id after this record.
-    pub next_file_id: u64,
-    /// Job values set.
-    pub meta: Vec<(String, String)>,
-    /// Files that become live.
-    pub added: Vec<FileEntry>,
-    /// Files that stop being live.
-    pub removed: Vec<u64>,
-    /// Run changes per table.
-    pub tables: Vec<TableEdit>,
-}
 
 struct Encoder(Vec<u8>);
 
@@ -470,17 +413,6 @@ fn header_of(magic: &[u8; 8], generation: u64) -> [u8; HEADER_LEN as usize] {
 
 fn header(generation: u64) -> [u8; HEADER_LEN as usize] {
     header_of(MAGIC, generation)
-}
-
-/// Whether the log must exist with its header: the manifest that names it was written after
-/// the log's header was durable (manifest format 4 and later).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LogPresence {
-    /// A missing or short log is corruption.
-    Required,
-    /// A missing or short log holds no record (a manifest of an older version, which
-    /// created the log after the manifest).
-    Optional,
 }
 
 /// Reads the log of `generation` in `dir`: its committed records, in order (see the module
@@ -995,12 +927,5 @@ mod tests {
         let bytes = std::fs::read(dir.path().join(log_file_name(7))).unwrap();
         assert_eq!(bytes, log_bytes(&three()));
         assert_eq!(writer.len(), bytes.len() as u64);
-    }
-
-    #[test]
-    fn log_names_parse_back() {
-        assert_eq!(log_generation(&log_file_name(42)), Some(42));
-        assert_eq!(log_generation("LOG-42"), None);
-        assert_eq!(log_generation("MANIFEST"), None);
     }
 }

@@ -42,13 +42,13 @@ use arrow_schema::Schema;
 use arrow_schema::SchemaRef;
 use serde::{Deserialize, Serialize};
 
-use super::file::{FileCheck, RunSpan, hex_decode, hex_encode};
-use super::log::{EditKind, LogPresence, LogRecord};
+use super::file::{hex_decode, hex_encode};
+use super::record::{EditKind, FileEntry, LogPresence, LogRecord, RunEntry};
 use crate::error::{Error, Result};
 use crate::key::KeyColumn;
 use crate::store::io::StorageIo;
 use crate::table::{Distribution, TableDesc};
-use crate::vnode::{VirtualNode, VnodeCount};
+use crate::vnode::VnodeCount;
 
 /// The manifest's file name.
 pub(crate) const MANIFEST_FILE: &str = "MANIFEST";
@@ -96,33 +96,6 @@ pub(crate) struct Manifest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct FileEntry {
-    pub id: u64,
-    pub size: u64,
-    pub tail_len: u64,
-    pub tail_crc: u32,
-}
-
-impl FileEntry {
-    pub fn new(id: u64, check: FileCheck) -> Self {
-        Self {
-            id,
-            size: check.size,
-            tail_len: check.tail_len,
-            tail_crc: check.tail_crc,
-        }
-    }
-
-    pub fn check(&self) -> FileCheck {
-        FileCheck {
-            size: self.size,
-            tail_len: self.tail_len,
-            tail_crc: self.tail_crc,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct KeyEntry {
     pub column: String,
     pub descending: bool,
@@ -134,28 +107,6 @@ pub(crate) struct KeyEntry {
 pub(crate) enum DistributionEntry {
     Hash(Vec<String>),
     VnodeColumn(String),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct RunEntry {
-    pub vnode: u16,
-    pub file: u64,
-    pub first: u32,
-    pub count: u32,
-    pub rows: u64,
-    /// 0 for a base run, else the epoch the delta was committed with.
-    pub epoch: u64,
-}
-
-impl RunEntry {
-    pub fn span(&self) -> RunSpan {
-        RunSpan {
-            vnode: VirtualNode::new(self.vnode),
-            first: self.first,
-            count: self.count,
-            rows: self.rows,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

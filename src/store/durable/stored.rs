@@ -147,7 +147,7 @@ fn offsets_span<O: arrow_array::OffsetSizeTrait>(offsets: &[O], start: usize, en
 pub(super) fn stored_type(data_type: &DataType) -> DataType {
     match data_type {
         // A dictionary's values: strings as offsets, anything else as it is (writes check
-        // plain decimal columns only, see `crate::store::check_decimals`).
+        // plain decimal columns only, see `crate::store::rules::check_decimals`).
         DataType::Dictionary(_, values) => offsets_for_views(values),
         DataType::Decimal128(precision, scale) if *precision <= DECIMAL64_MAX_PRECISION => {
             DataType::Decimal64(*precision, *scale)
@@ -294,7 +294,7 @@ fn copy_values<T: ByteViewType + ?Sized>(
 
 /// `array` as 64-bit decimals. A value that does not fit breaks the precision the column
 /// declares (at most 18 digits always fits; writes refuse more, see
-/// `crate::store::check_decimals`): an error naming the column, never a wrapped value.
+/// `crate::store::rules::check_decimals`): an error naming the column, never a wrapped value.
 pub(super) fn narrow_decimals(
     array: &Decimal128Array,
     precision: u8,
