@@ -23,8 +23,8 @@ use arrangement_backfill::store::io::{Fault, FaultyIo, RealIo, StorageIo};
 use arrangement_backfill::store::{Compaction, DurableOptions};
 use arrangement_backfill::vnode::VnodeCount;
 
-mod files;
-use files::files_under;
+mod common;
+use common::files::files_under;
 
 fn dataset(dir: &Path, name: &str, rows_scale: f64, seed: u64) -> Dataset {
     let kind = GenKind::Synthetic {

@@ -3,9 +3,8 @@
 //! drive [`BackfillCore`] directly, including a seeded property test over random schemas and
 //! chunks that must give an `Error` or the right answer, never a panic.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Arc;
 
 use arrangement_backfill::backfill::{Action, ArrangementTracker, BackfillCore, Phase};
@@ -23,7 +22,6 @@ use arrow_array::{
     Int64Array, RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
@@ -31,71 +29,21 @@ use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::cli::{ok, p, refused, replay_args, run, synthetic, text};
+use common::dataset::{read_parquet, write_dataset, write_parquet_with};
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn backfill(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = backfill(args);
-    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
-    o
-}
-
 /// Runs `args`: exit status 2, every needle in stderr, no panic.
-fn exits_two(args: &[&str], needles: &[&str]) -> Output {
-    let o = backfill(args);
-    assert_eq!(o.status.code(), Some(2), "backfill {args:?}: {}", text(&o));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!stderr.contains("panicked"), "{}", text(&o));
-    for needle in needles {
-        assert!(stderr.contains(needle), "missing {needle:?}: {}", text(&o));
-    }
-    o
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
-
-fn write(path: &Path, batch: &RecordBatch) {
-    write_with(path, batch, None)
+fn exits_two(args: &[&str], needles: &[&str]) {
+    refused(&run(args), needles);
 }
 
 fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
-}
-
-/// A dataset directory: manifest, one snapshot file, optionally one change file.
-fn dataset(dir: &Path, manifest: &str, snapshot: &RecordBatch, changes: Option<&RecordBatch>) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("dataset.json"), manifest).unwrap();
-    write(&dir.join("snapshot/part-0.parquet"), snapshot);
-    if let Some(changes) = changes {
-        write(&dir.join("changes/part-0.parquet"), changes);
-    }
 }
 
 /// The changelog form of `chunk` at `epoch`.
@@ -103,30 +51,8 @@ fn log(chunk: &StreamChunk, epoch: u64) -> RecordBatch {
     chunk.to_changelog(Some(epoch)).unwrap()
 }
 
-fn replay_args<'a>(dataset: &'a Path, out: &'a Path) -> Vec<&'a str> {
-    vec![
-        "replay",
-        path(dataset),
-        "--out",
-        path(out),
-        "--progress",
-        "none",
-    ]
-}
-
 fn small_dataset(dir: &Path) -> PathBuf {
-    let ds = dir.join("small");
-    ok(&[
-        "gen",
-        "synthetic",
-        "--out",
-        path(&ds),
-        "--scale",
-        "0.002",
-        "--epochs",
-        "3",
-    ]);
-    ds
+    synthetic(dir.join("small"), &["--scale", "0.002", "--epochs", "3"])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -174,7 +100,7 @@ fn bad_replay_options_exit_two_before_anything_is_touched() {
 fn bad_gen_options_exit_two() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
-    let o = path(&out);
+    let o = p(&out);
     let cases: [(&[&str], &[&str]); 12] = [
         (&["synthetic", "--scale", "0"], &["--scale"]),
         (&["synthetic", "--scale", "NaN"], &["--scale"]),
@@ -210,8 +136,8 @@ fn bad_gen_options_exit_two() {
     assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"keep");
     let file = out.join("mine.txt");
     exits_two(
-        &["gen", "synthetic", "--out", path(&file)],
-        &[path(&file), "not a directory"],
+        &["gen", "synthetic", "--out", p(&file)],
+        &[p(&file), "not a directory"],
     );
 }
 
@@ -228,7 +154,7 @@ fn gen_with_huge_epoch_counts_replays() {
             "gen",
             "synthetic",
             "--out",
-            path(&ds),
+            p(&ds),
             "--scale",
             "0.002",
             "--epochs",
@@ -265,9 +191,9 @@ fn float_keys_use_sql_equality() {
 
     // 0.0 and -0.0 are one key: a duplicate in the snapshot.
     let ds = tmp.path().join("zeros");
-    dataset(
+    write_dataset(
         &ds,
-        manifest,
+        Some(manifest),
         &float_table(&[0.0, 1.0, -0.0], &["a", "b", "c"]),
         None,
     );
@@ -278,9 +204,9 @@ fn float_keys_use_sql_equality() {
     // So are two NaNs with different payloads.
     let ds = tmp.path().join("nans");
     let odd_nan = f64::from_bits(0x7FF0_0000_0000_0042);
-    dataset(
+    write_dataset(
         &ds,
-        manifest,
+        Some(manifest),
         &float_table(&[f64::NAN, odd_nan], &["a", "b"]),
         None,
     );
@@ -307,7 +233,7 @@ fn float_keys_use_sql_equality() {
         ],
     )
     .unwrap();
-    dataset(&ds, manifest, &snapshot, Some(&changes));
+    write_dataset(&ds, Some(manifest), &snapshot, Some(&changes));
     let out = tmp.path().join("o3");
     let mut args = replay_args(&ds, &out);
     args.push("--verify");
@@ -340,7 +266,7 @@ fn duplicate_and_reserved_column_names_exit_two() {
                 Arc::new(Int64Array::from(vec![3, 4])),
             ],
         );
-        dataset(&ds, manifest, &snapshot, None);
+        write_dataset(&ds, Some(manifest), &snapshot, None);
         exits_two(
             &replay_args(&ds, &tmp.path().join(format!("{name}.out"))),
             &["snapshot/part-0.parquet", &format!("`{other}`")],
@@ -380,7 +306,7 @@ fn skipped_files_are_named_in_a_warning() {
             text(&o)
         );
     }
-    let o = ok(&["verify", path(&ds), path(&tmp.path().join("out"))]);
+    let o = ok(&["verify", p(&ds), p(&tmp.path().join("out"))]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("_extra.parquet"));
 }
 
@@ -742,12 +668,7 @@ fn read_output(out: &Path, schema: &SchemaRef) -> RecordBatch {
         .collect();
     files.sort();
     for file in files {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&file).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
-        for b in reader {
-            let b = b.unwrap();
+        for b in read_parquet(&file) {
             let ops = b.column(1).as_primitive::<arrow_array::types::Int8Type>();
             assert!(
                 ops.values().iter().all(|&op| op == 1),
@@ -767,13 +688,8 @@ fn read_output(out: &Path, schema: &SchemaRef) -> RecordBatch {
 
 /// The rows of a Parquet file, sorted by its first column.
 fn read_sorted(file: &Path) -> RecordBatch {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(file).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let schema = arrow_array::RecordBatchReader::schema(&reader);
-    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
-    let all = arrow_select::concat::concat_batches(&schema, &batches).unwrap();
+    let batches = read_parquet(file);
+    let all = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
     let order = arrow_ord::sort::sort_to_indices(all.column(0), None, None).unwrap();
     arrow_select::take::take_record_batch(&all, &order).unwrap()
 }
@@ -784,9 +700,10 @@ fn output_schema(out: &Path) -> SchemaRef {
         .unwrap()
         .next()
         .unwrap();
-    let reader =
-        ParquetRecordBatchReaderBuilder::try_new(File::open(file.unwrap().path()).unwrap())
-            .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(file.unwrap().path()).unwrap(),
+    )
+    .unwrap();
     let fields: Vec<_> = reader.schema().fields()[2..].to_vec();
     Arc::new(Schema::new(fields))
 }
@@ -808,7 +725,7 @@ fn every_accepted_type_round_trips() {
         .unwrap();
         let props = WriterProperties::builder().set_coerce_types(coerce).build();
         let snapshot = ds.join("snapshot/part-0.parquet");
-        write_with(&snapshot, &all_types(), Some(props));
+        write_parquet_with(&snapshot, &all_types(), Some(props));
         let out = tmp.path().join(format!("out-{coerce}"));
         let mut args = replay_args(&ds, &out);
         args.push("--verify");
@@ -901,7 +818,7 @@ print("\n".join(bad))
 sys.exit(1 if bad else 0)
 "#;
     let o = Command::new("python3")
-        .args(["-c", script, path(snapshot), path(out)])
+        .args(["-c", script, p(snapshot), p(out)])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
@@ -927,9 +844,9 @@ fn a_key_column_outside_the_distribution_key_need_not_be_hashable() {
             ),
         ],
     );
-    dataset(
+    write_dataset(
         &ds,
-        r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["a"]}"#,
+        Some(r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["a"]}"#),
         &snapshot,
         None,
     );

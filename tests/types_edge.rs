@@ -13,18 +13,11 @@ use arrow_array::{ArrayRef, Int8Array, Int64Array, RecordBatch, UInt64Array};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 
-mod tool;
-use tool::{ok, p as path, run as backfill, text};
-
-fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
+mod common;
+use common::cli::{replay_args, run, text, verified};
+use common::dataset::{read_parquet, write_parquet};
 
 fn dictionary(values: impl IntoIterator<Item = String>) -> ArrayRef {
     let mut b = StringDictionaryBuilder::<Int32Type>::new();
@@ -78,7 +71,7 @@ fn dictionary_key_dataset(dir: &Path, distribution: &str) -> PathBuf {
         .collect();
     let (fields, columns) = table(&snapshot, &[]);
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-    write_with(&ds.join("snapshot/part-0.parquet"), &batch, None);
+    write_parquet(&ds.join("snapshot/part-0.parquet"), &batch);
 
     // Changes: epoch 1 inserts new keys, epoch 2 updates some snapshot rows, epoch 3 deletes.
     let mut rows = Vec::new();
@@ -106,7 +99,7 @@ fn dictionary_key_dataset(dir: &Path, distribution: &str) -> PathBuf {
     columns.insert(0, Arc::new(Int8Array::from(ops)));
     columns.insert(0, Arc::new(UInt64Array::from(epochs)));
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-    write_with(&ds.join("changes/part-0.parquet"), &batch, None);
+    write_parquet(&ds.join("changes/part-0.parquet"), &batch);
     ds
 }
 
@@ -119,12 +112,7 @@ fn output_net(out: &Path) -> Vec<(String, i64)> {
         if file.extension().is_none_or(|e| e != "parquet") {
             continue;
         }
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&file).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
-        for batch in reader {
-            let batch = batch.unwrap();
+        for batch in read_parquet(&file) {
             let schema = batch.schema();
             let op = schema.index_of("_op").unwrap();
             let ops = batch
@@ -149,9 +137,9 @@ fn output_net(out: &Path) -> Vec<(String, i64)> {
 }
 
 fn replay(ds: &Path, out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["replay", path(ds), "--out", path(out), "--progress", "none"];
+    let mut args = replay_args(ds, out);
     args.extend_from_slice(extra);
-    backfill(&args)
+    run(&args)
 }
 
 /// Item 7: a dictionary key column outside the distribution key replays on the durable store
@@ -165,10 +153,10 @@ fn a_dictionary_key_column_replays_on_the_durable_store() {
     let memory = tmp.path().join("memory");
     let o = replay(&ds, &durable, &["--batch-size", "100"]);
     assert!(o.status.success(), "{}", text(&o));
-    ok(&["verify", path(&ds), path(&durable)]);
+    verified(&ds, &durable);
     let o = replay(&ds, &memory, &["--memory", "--batch-size", "100"]);
     assert!(o.status.success(), "{}", text(&o));
-    ok(&["verify", path(&ds), path(&memory)]);
+    verified(&ds, &memory);
     let (d, m) = (output_net(&durable), output_net(&memory));
     assert!(d.len() > 2000, "{}", d.len());
     assert_eq!(d, m);
@@ -413,7 +401,7 @@ fn narrow_dictionary_columns_replay_through_compaction() {
         let args = ["--batch-size", "100", "--vnodes", "4"];
         let o = replay(&ds, &durable, &args);
         assert!(o.status.success(), "{name}: {}", text(&o));
-        ok(&["verify", path(&ds), path(&durable)]);
+        verified(&ds, &durable);
         let o = replay(&ds, &memory, &[&args[..], &["--memory"]].concat());
         assert!(o.status.success(), "{name}: {}", text(&o));
         let (d, m) = (output_net(&durable), output_net(&memory));

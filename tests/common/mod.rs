@@ -17,13 +17,20 @@
 //!
 //! The helpers every integration test may share live in submodules:
 //! - [`changes`]: the seeded change generator (this harness's, the differential and actor
-//!   tests').
+//!   tests');
+//! - [`cli`]: running the `backfill` binary and reading its output directory;
+//! - [`dataset`]: dataset directories written by hand, Parquet files read back;
+//! - [`files`]: directory trees compared byte for byte.
 //!
 //! Every test file that says `mod common;` compiles all of it, hence `dead_code` allowed.
 
 #![allow(dead_code)]
 
 pub mod changes;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod dataset;
+pub mod files;
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
