@@ -4,11 +4,18 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
+
+/// A batch of `columns` named and typed by `fields`.
+pub fn record_batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
 
 /// Writes `batch` as the Parquet file `path` (its directory created), with `props`.
 pub fn write_parquet_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
