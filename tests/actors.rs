@@ -27,7 +27,8 @@ use arrangement_backfill::job::{JobControl, ParallelBackfill, VnodeMap};
 use arrangement_backfill::store::{MemoryStore, MemoryTable, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
 use arrangement_backfill::vnode::{VnodeBitmap, VnodeCount};
-use common::{Key, PROGRESS, Shape, batch_of, random_key, rows_of, table_desc};
+use common::changes::{Changes, Mix, random_rows};
+use common::{Key, PROGRESS, Shape, batch_of, rows_of, table_desc};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use rand::rngs::StdRng;
@@ -36,6 +37,18 @@ use tokio::sync::{oneshot, watch};
 
 /// The longest any single wait may take before the case counts as deadlocked.
 const DEADLOCK: Duration = Duration::from_secs(30);
+
+/// The upstream's changes: inserts, deletes, updates in place and updates that move a row to
+/// another key (maybe another actor); a chunk's new keys are keys it does not hold yet.
+const MIX: Mix = Mix {
+    insert: 35,
+    delete: 20,
+    update: 30,
+    delete_insert: 0,
+    moving_update: 15,
+    at_position: 0,
+    distinct_new_keys: true,
+};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -262,11 +275,7 @@ impl ActorHarness {
         let mut upstream = store
             .table("t", VnodeBitmap::full(desc.vnode_count()))
             .unwrap();
-        let mut u = BTreeMap::new();
-        while u.len() < case.initial_rows {
-            let key = random_key(case.shape, &mut rng, case.initial_rows);
-            u.insert(key, rng.random_range(0..1000));
-        }
+        let u = random_rows(case.shape, &mut rng, case.initial_rows, case.initial_rows);
         if !u.is_empty() {
             let rows: Vec<(Key, i64)> = u.iter().map(|(k, v)| (k.clone(), *v)).collect();
             upstream
@@ -386,48 +395,9 @@ impl ActorHarness {
 
     /// A random valid chunk of changes, applied upstream and sent.
     async fn push_changes(&mut self, max: usize) {
-        let n = self.rng.random_range(1..=max);
-        let mut rows = Vec::new();
-        let mut ops = Vec::new();
-        let domain = self.case.initial_rows.max(20) * 2;
-        for _ in 0..n {
-            let existing = (!self.u.is_empty()).then(|| {
-                let i = self.rng.random_range(0..self.u.len());
-                self.u.iter().nth(i).map(|(k, v)| (k.clone(), *v)).unwrap()
-            });
-            let fresh = loop {
-                let key = random_key(self.case.shape, &mut self.rng, domain);
-                if !self.u.contains_key(&key) && !rows.iter().any(|(k, _)| *k == key) {
-                    break key;
-                }
-            };
-            let v = self.rng.random_range(0..1000);
-            match (self.rng.random_range(0..100), existing) {
-                (0..35, _) | (_, None) => {
-                    self.u.insert(fresh.clone(), v);
-                    rows.push((fresh, v));
-                    ops.push(Op::Insert);
-                }
-                (35..55, Some((key, old))) => {
-                    self.u.remove(&key);
-                    rows.push((key, old));
-                    ops.push(Op::Delete);
-                }
-                (55..85, Some((key, old))) => {
-                    self.u.insert(key.clone(), v);
-                    rows.extend([(key.clone(), old), (key, v)]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-                (_, Some((key, old))) => {
-                    // An update that moves the row to another key (maybe another actor).
-                    self.u.remove(&key);
-                    self.u.insert(fresh.clone(), v);
-                    rows.extend([(key, old), (fresh, v)]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-            }
-        }
-        let chunk = StreamChunk::new(batch_of(self.case.shape, &rows), ops).unwrap();
+        let chunk = Changes::new(self.case.shape, self.case.initial_rows, MIX)
+            .chunk(&mut self.rng, &mut self.u, max)
+            .expect("a mix without position changes makes a chunk");
         self.upstream.write(&chunk).unwrap();
         self.send(Message::Chunk(chunk)).await;
     }

@@ -2,7 +2,6 @@
 //! verified under every mode, bad input rejected with status 2 and a message naming where,
 //! tampered output caught, and the bundled dataset replayed and verified.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -10,45 +9,18 @@ use std::sync::Arc;
 use arrangement_backfill::chunk::{StreamChunk, changelog_schema};
 use arrow_array::{Int8Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
 
-mod files;
-use files::files_under;
-
-fn backfill(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = backfill(args);
-    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
-    o
-}
+mod common;
+use common::cli::run as backfill;
+use common::cli::{bin, ok, p as path, published, refused, replay_args, signal, synthetic, text};
+use common::dataset::{write_dataset, write_parquet};
+use common::files::files_under;
 
 /// `backfill replay DATASET --out OUT --progress none --verify EXTRA..`, which must succeed,
 /// verify, and print a matching completion certificate; its output and stdout.
 fn replay_verified(dataset: &Path, out: &Path, extra: &[&str]) -> (Output, String) {
-    let mut args = vec![
-        "replay",
-        path(dataset),
-        "--out",
-        path(out),
-        "--progress",
-        "none",
-        "--verify",
-    ];
+    let mut args = replay_args(dataset, out);
+    args.push("--verify");
     args.extend_from_slice(extra);
     let o = ok(&args);
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -57,27 +29,13 @@ fn replay_verified(dataset: &Path, out: &Path, extra: &[&str]) -> (Output, Strin
     (o, stdout)
 }
 
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn generate(dir: &Path, shape: &str, seed: &str) -> PathBuf {
-    let out = dir.join(format!("ds-{shape}-{seed}"));
-    ok(&[
-        "gen",
-        "synthetic",
-        "--out",
-        path(&out),
-        "--scale",
-        "0.03",
-        "--epochs",
-        "12",
-        "--seed",
-        seed,
-        "--shape",
-        shape,
-    ]);
-    out
+    synthetic(
+        dir.join(format!("ds-{shape}-{seed}")),
+        &[
+            "--scale", "0.03", "--epochs", "12", "--seed", seed, "--shape", shape,
+        ],
+    )
 }
 
 #[test]
@@ -228,12 +186,7 @@ fn verify_catches_tampered_output() {
         text(&o)
     );
     // Drop the last output file: the changes of the last checkpoint are missing.
-    let mut files: Vec<_> = std::fs::read_dir(out.join("changes"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    std::fs::remove_file(files.last().unwrap()).unwrap();
+    std::fs::remove_file(published(&out).last().unwrap()).unwrap();
     let o = backfill(&["verify", path(&dataset), path(&out)]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(
@@ -283,13 +236,6 @@ fn schema() -> SchemaRef {
     ]))
 }
 
-fn write(path: &Path, batch: &RecordBatch) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
-
 fn snapshot(text: &str) -> RecordBatch {
     let chunk: String = text.lines().map(|l| format!("+ {l}\n")).collect();
     StreamChunk::from_text(&schema(), &chunk)
@@ -311,40 +257,12 @@ fn changes(epochs: &[(u64, &str)]) -> RecordBatch {
     arrow_select::concat::concat_batches(&changelog_schema(&schema(), true), &batches).unwrap()
 }
 
-/// A dataset directory: manifest text, snapshot rows, changelog.
-fn dataset(dir: &Path, manifest: Option<&str>, snap: &RecordBatch, log: Option<&RecordBatch>) {
-    std::fs::create_dir_all(dir).unwrap();
-    if let Some(m) = manifest {
-        std::fs::write(dir.join("dataset.json"), m).unwrap();
-    }
-    write(&dir.join("snapshot/part-0.parquet"), snap);
-    if let Some(log) = log {
-        write(&dir.join("changes/part-0.parquet"), log);
-    }
-}
-
 const MANIFEST: &str = r#"{"name": "t", "primary_key": ["k"]}"#;
 
 /// Runs a replay of a bad dataset: exit 2, a message with every `needle`, no output written.
 fn rejects(dir: &Path, needles: &[&str]) {
     let out = dir.with_extension("out");
-    let o = backfill(&[
-        "replay",
-        path(dir),
-        "--out",
-        path(&out),
-        "--progress",
-        "none",
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "missing {needle:?} in {}",
-            text(&o)
-        );
-    }
+    refused(&backfill(&replay_args(dir, &out)), needles);
     assert!(!out.exists(), "nothing may be written on bad input");
 }
 
@@ -354,13 +272,13 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
     let good = snapshot("1 a\n2 b\n3 c");
     let d = |name: &str| tmp.path().join(name);
 
-    dataset(&d("no-manifest"), None, &good, None);
+    write_dataset(&d("no-manifest"), None, &good, None);
     rejects(&d("no-manifest"), &["dataset.json"]);
 
-    dataset(&d("bad-json"), Some("{\"name\": "), &good, None);
+    write_dataset(&d("bad-json"), Some("{\"name\": "), &good, None);
     rejects(&d("bad-json"), &["dataset.json"]);
 
-    dataset(
+    write_dataset(
         &d("unknown-key"),
         Some(r#"{"name": "t", "primary_key": ["nope"]}"#),
         &good,
@@ -368,7 +286,7 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
     );
     rejects(&d("unknown-key"), &["nope"]);
 
-    dataset(
+    write_dataset(
         &d("dup-key"),
         Some(MANIFEST),
         &snapshot("1 a\n2 b\n2 c"),
@@ -376,7 +294,7 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
     );
     rejects(&d("dup-key"), &["part-0.parquet", "row 2"]);
 
-    dataset(
+    write_dataset(
         &d("null-key"),
         Some(MANIFEST),
         &snapshot("1 a\nNULL b"),
@@ -388,29 +306,29 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
     let mut columns = log.columns().to_vec();
     columns[1] = Arc::new(Int8Array::from(vec![1, 9]));
     let unknown_op = RecordBatch::try_new(log.schema(), columns).unwrap();
-    dataset(&d("unknown-op"), Some(MANIFEST), &good, Some(&unknown_op));
+    write_dataset(&d("unknown-op"), Some(MANIFEST), &good, Some(&unknown_op));
     rejects(&d("unknown-op"), &["changes", "row 1", "9"]);
 
     let decreasing = changes(&[(5, "+ 4 d"), (3, "+ 5 e")]);
-    dataset(&d("decreasing"), Some(MANIFEST), &good, Some(&decreasing));
+    write_dataset(&d("decreasing"), Some(MANIFEST), &good, Some(&decreasing));
     rejects(&d("decreasing"), &["changes", "row 1", "epoch"]);
 
     let absent = changes(&[(1, "+ 4 d"), (2, "- 9 z")]);
-    dataset(&d("absent"), Some(MANIFEST), &good, Some(&absent));
+    write_dataset(&d("absent"), Some(MANIFEST), &good, Some(&absent));
     rejects(&d("absent"), &["changes", "epoch 2", "row 1"]);
 
     let existing = changes(&[(1, "+ 2 b")]);
-    dataset(&d("existing"), Some(MANIFEST), &good, Some(&existing));
+    write_dataset(&d("existing"), Some(MANIFEST), &good, Some(&existing));
     rejects(&d("existing"), &["changes", "row 0"]);
 
     let lone = changes(&[(1, "- 1 a")]);
     let mut columns = lone.columns().to_vec();
     columns[1] = Arc::new(Int8Array::from(vec![3]));
     let lone = RecordBatch::try_new(lone.schema(), columns).unwrap();
-    dataset(&d("lone-update"), Some(MANIFEST), &good, Some(&lone));
+    write_dataset(&d("lone-update"), Some(MANIFEST), &good, Some(&lone));
     rejects(&d("lone-update"), &["changes", "row 0"]);
 
-    dataset(&d("not-parquet"), Some(MANIFEST), &good, None);
+    write_dataset(&d("not-parquet"), Some(MANIFEST), &good, None);
     std::fs::write(d("not-parquet").join("changes.parquet"), b"x").ok();
     std::fs::create_dir_all(d("not-parquet").join("changes")).unwrap();
     std::fs::write(
@@ -428,14 +346,14 @@ fn bad_datasets_exit_two_with_file_row_and_epoch() {
         .unwrap()
         .to_changelog(Some(1))
         .unwrap();
-    dataset(&d("schema"), Some(MANIFEST), &good, Some(&mismatched));
+    write_dataset(&d("schema"), Some(MANIFEST), &good, Some(&mismatched));
     rejects(&d("schema"), &["changes"]);
 
     let no_epoch = StreamChunk::from_text(&schema(), "+ 4 d")
         .unwrap()
         .to_changelog(None)
         .unwrap();
-    dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
+    write_dataset(&d("no-epoch"), Some(MANIFEST), &good, Some(&no_epoch));
     rejects(&d("no-epoch"), &["_epoch"]);
 }
 
@@ -447,25 +365,18 @@ fn bad_input_keeps_an_earlier_output_and_leaves_no_new_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let d = |name: &str| tmp.path().join(name);
     let log = changes(&[(1, "+ 4 d"), (2, "- 1 a")]);
-    dataset(
+    write_dataset(
         &d("good"),
         Some(MANIFEST),
         &snapshot("1 a\n2 b\n3 c"),
         Some(&log),
     );
-    dataset(&d("bad"), Some(MANIFEST), &snapshot("1 a\n2 b\n2 c"), None);
+    write_dataset(&d("bad"), Some(MANIFEST), &snapshot("1 a\n2 b\n2 c"), None);
     let bad = d("bad");
     let replay_bad = |out: &Path, extra: &[&str]| {
-        let mut args = vec!["replay", path(&bad), "--out", path(out)];
-        args.extend_from_slice(&["--progress", "none"]);
+        let mut args = replay_args(&bad, out);
         args.extend_from_slice(extra);
-        let o = backfill(&args);
-        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-        assert!(
-            String::from_utf8_lossy(&o.stderr).contains("row 2"),
-            "{}",
-            text(&o)
-        );
+        refused(&backfill(&args), &["row 2"]);
     };
     let out = d("out");
     replay_verified(&d("good"), &out, &[]);
@@ -496,7 +407,7 @@ fn a_reader_that_goes_away_is_not_a_failure() {
     // so every write to it fails with a broken pipe.
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let o = Command::new(env!("CARGO_BIN_EXE_backfill"))
+    let o = bin()
         .args([
             "replay",
             path(&dataset),
@@ -548,7 +459,7 @@ fn spilling_output(dir: &Path) -> (PathBuf, PathBuf) {
 /// `backfill verify` with its scratch in `scratch` (`TMPDIR`) and a 64 KiB sort budget,
 /// started.
 fn verify_spilling(dataset: &Path, out: &Path, scratch: &Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
+    bin()
         .args(["verify", path(dataset), path(out)])
         .env("TMPDIR", scratch)
         .env("BACKFILL_TEST_SORT_MEMORY", "65536")
@@ -631,7 +542,7 @@ fn a_killed_verifys_scratch_is_removed_by_the_next_run() {
 
 /// `backfill ARGS` with `TMPDIR=scratch`.
 fn backfill_in(args: &[&str], scratch: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
+    bin()
         .args(args)
         .env("TMPDIR", scratch)
         .output()
@@ -646,22 +557,18 @@ fn a_signal_during_verify_removes_its_scratch() {
     let (dataset, out) = spilling_output(tmp.path());
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
-    for (signal, code) in [("TERM", 143), ("HUP", 129), ("INT", 130)] {
+    for (name, code) in [("TERM", 143), ("HUP", 129), ("INT", 130)] {
         let mut child = verify_spilling(&dataset, &out, &scratch);
         spilled_scratch(&scratch, &mut child);
-        let kill = Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
+        signal(&child, name);
         let o = child.wait_with_output().unwrap();
-        assert_eq!(o.status.code(), Some(code), "SIG{signal}: {}", text(&o));
+        assert_eq!(o.status.code(), Some(code), "SIG{name}: {}", text(&o));
         assert!(
-            String::from_utf8_lossy(&o.stderr).contains(&format!("SIG{signal}")),
+            String::from_utf8_lossy(&o.stderr).contains(&format!("SIG{name}")),
             "{}",
             text(&o)
         );
-        assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new(), "SIG{signal}");
+        assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new(), "SIG{name}");
     }
 }
 
@@ -700,7 +607,7 @@ fn verify_reads_the_replays_output_only_and_respects_its_lock() {
     let tmp = tempfile::tempdir().unwrap();
     let ds = tmp.path().join("ds");
     let log = changes(&[(1, "+ 4 d"), (2, "- 1 a")]);
-    dataset(&ds, Some(MANIFEST), &snapshot("1 a\n2 b\n3 c"), Some(&log));
+    write_dataset(&ds, Some(MANIFEST), &snapshot("1 a\n2 b\n3 c"), Some(&log));
     let out = tmp.path().join("out");
     replay_verified(&ds, &out, &[]);
     for name in [
@@ -708,7 +615,7 @@ fn verify_reads_the_replays_output_only_and_respects_its_lock() {
         "epoch-10.parquet",
         "epoch-99999999999999999999.parquet",
     ] {
-        write(&out.join("changes").join(name), &log);
+        write_parquet(&out.join("changes").join(name), &log);
     }
     let o = ok(&["verify", path(&ds), path(&out)]);
     assert!(
@@ -750,7 +657,7 @@ fn sighup_stops_a_replay_cleanly() {
         "--upstream-rate",
         "500",
     ];
-    let child = Command::new(env!("CARGO_BIN_EXE_backfill"))
+    let child = bin()
         .args(args)
         .env("TMPDIR", &scratch)
         .stdout(std::process::Stdio::piped())
@@ -762,11 +669,7 @@ fn sighup_stops_a_replay_cleanly() {
         assert!(started.elapsed().as_secs() < 120, "no output in 2 minutes");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let kill = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    signal(&child, "HUP");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(129), "{}", text(&o));
     assert!(

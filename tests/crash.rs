@@ -9,91 +9,35 @@
 //!   untouched; an untrusted dataset name never leaves `out/`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("the binary runs")
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+mod common;
+use common::cli::{bin, p, run, signal, spawn, synthetic, text, tmp_files, verified};
 
 fn generate(dir: &Path, name: &str, seed: &str) -> PathBuf {
-    let out = dir.join(name);
-    let o = run(&[
-        "gen",
-        "synthetic",
-        "--out",
-        p(&out),
-        "--scale",
-        "0.04",
-        "--epochs",
-        "16",
-        "--seed",
-        seed,
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    out
+    synthetic(
+        dir.join(name),
+        &["--scale", "0.04", "--epochs", "16", "--seed", seed],
+    )
 }
 
 /// The replay command of these tests: slow enough upstream that kills land mid-run.
 fn replay_args<'a>(dataset: &'a Path, out: &'a Path) -> Vec<&'a str> {
-    vec![
-        "replay",
-        p(dataset),
-        "--out",
-        p(out),
-        "--progress",
-        "none",
+    let mut args = common::cli::replay_args(dataset, out);
+    args.extend([
         "--vnodes",
         "16",
         "--batch-size",
         "64",
         "--upstream-rate",
         "600",
-    ]
-}
-
-fn spawn(args: &[&str]) -> Child {
-    bin()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts")
-}
-
-fn verify(dataset: &Path, out: &Path) {
-    let o = run(&["verify", p(dataset), p(out)]);
-    assert!(o.status.success(), "verify {}: {}", out.display(), text(&o));
+    ]);
+    args
 }
 
 fn no_tmp_files(out: &Path) {
-    if let Ok(entries) = std::fs::read_dir(out.join("changes")) {
-        for entry in entries {
-            let name = entry.unwrap().file_name().into_string().unwrap();
-            assert!(
-                !name.ends_with(".tmp"),
-                "leftover {name} in {}",
-                out.display()
-            );
-        }
-    }
+    let left = tmp_files(out);
+    assert!(left.is_empty(), "leftover {left:?} in {}", out.display());
 }
 
 #[test]
@@ -114,7 +58,7 @@ fn sigkill_at_any_moment_then_the_same_command_gives_a_verified_output() {
             "rerun after a kill at {delay_ms} ms: {}",
             text(&o)
         );
-        verify(&dataset, &out);
+        verified(&dataset, &out);
         no_tmp_files(&out);
     }
     // One output killed again and again, each rerun resuming further.
@@ -143,7 +87,7 @@ fn sigkill_at_any_moment_then_the_same_command_gives_a_verified_output() {
             text(&o)
         );
     }
-    verify(&dataset, &out);
+    verified(&dataset, &out);
     no_tmp_files(&out);
     assert!(started.elapsed() < Duration::from_secs(600));
 }
@@ -170,17 +114,9 @@ fn a_run_killed_with_several_actors_resumes_with_another_parallelism() {
             "resume after {delay_ms} ms: {}",
             text(&o)
         );
-        verify(&dataset, &out);
+        verified(&dataset, &out);
         no_tmp_files(&out);
     }
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]
@@ -201,7 +137,7 @@ fn sigterm_and_sigint_stop_cleanly_and_say_how_to_resume() {
         no_tmp_files(&out);
         let o = run(&args);
         assert!(o.status.success(), "{}", text(&o));
-        verify(&dataset, &out);
+        verified(&dataset, &out);
     }
 }
 
@@ -232,7 +168,7 @@ fn a_second_replay_into_the_same_output_is_refused() {
     }
     let o = first.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    verify(&dataset, &out);
+    verified(&dataset, &out);
 }
 
 #[test]

@@ -40,6 +40,7 @@ use arrangement_backfill::chunk::{Barrier, BarrierKind, EpochPair, Message, Op, 
 use arrangement_backfill::store::{MemoryStore, MemoryTable, StateStore, StateTable};
 use arrangement_backfill::table::TableDesc;
 use arrangement_backfill::vnode::VnodeBitmap;
+use common::changes::{Changes, Mix, random_rows};
 use common::{Key, Shape, batch_of, rows_of, table_desc};
 use futures::channel::mpsc;
 use futures::{FutureExt, Stream, StreamExt};
@@ -50,6 +51,17 @@ use tokio::sync::watch;
 type Output = Pin<Box<dyn Stream<Item = arrangement_backfill::Result<Message>> + Send>>;
 
 const PROGRESS: &str = "t.backfill_progress";
+
+/// The upstream's changes: every kind but changes at a vnode's position.
+const MIX: Mix = Mix {
+    insert: 35,
+    delete: 20,
+    update: 25,
+    delete_insert: 10,
+    moving_update: 10,
+    at_position: 0,
+    distinct_new_keys: false,
+};
 
 /// One differential case.
 #[derive(Debug, Clone, Copy)]
@@ -94,11 +106,12 @@ impl Run {
         let owned = VnodeBitmap::full(desc.vnode_count());
         let mut upstream = store.table("t", owned.clone()).unwrap();
         let mut reference = ReferenceBackfill::new(desc.clone(), &owned, case.batch_size).unwrap();
-        let mut u = BTreeMap::new();
-        while u.len() < case.initial_rows {
-            let key = random_key(case.shape, &mut rng, case.initial_rows.max(20) * 2);
-            u.insert(key, rng.random_range(0..1000));
-        }
+        let u = random_rows(
+            case.shape,
+            &mut rng,
+            case.initial_rows,
+            case.initial_rows.max(20) * 2,
+        );
         if !u.is_empty() {
             let rows: Vec<(Key, i64)> = u.iter().map(|(k, v)| (k.clone(), *v)).collect();
             let batch = batch_of(case.shape, &rows);
@@ -289,58 +302,9 @@ impl Run {
 
     /// A random valid chunk of upstream changes, applied to the model.
     fn random_chunk(&mut self) -> StreamChunk {
-        let mut rows = Vec::new();
-        let mut ops = Vec::new();
-        for _ in 0..self.rng.random_range(1..=6) {
-            let existing = (!self.u.is_empty()).then(|| {
-                let i = self.rng.random_range(0..self.u.len());
-                let (k, v) = self.u.iter().nth(i).unwrap();
-                (k.clone(), *v)
-            });
-            let nv = self.rng.random_range(0..1000);
-            match (self.rng.random_range(0..100), existing) {
-                (0..35, _) | (_, None) => {
-                    let key = self.fresh_key();
-                    self.u.insert(key.clone(), nv);
-                    rows.push((key, nv));
-                    ops.push(Op::Insert);
-                }
-                (35..55, Some((key, v))) => {
-                    self.u.remove(&key);
-                    rows.push((key, v));
-                    ops.push(Op::Delete);
-                }
-                (55..80, Some((key, v))) => {
-                    self.u.insert(key.clone(), nv);
-                    rows.extend([(key.clone(), v), (key, nv)]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-                (80..90, Some((key, v))) => {
-                    self.u.insert(key.clone(), nv);
-                    rows.extend([(key.clone(), v), (key, nv)]);
-                    ops.extend([Op::Delete, Op::Insert]);
-                }
-                (_, Some((key, v))) => {
-                    // An update moving the row to another key (often another vnode).
-                    let new_key = self.fresh_key();
-                    self.u.remove(&key);
-                    self.u.insert(new_key.clone(), nv);
-                    rows.extend([(key, v), (new_key, nv)]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-            }
-        }
-        StreamChunk::new(batch_of(self.case.shape, &rows), ops).unwrap()
-    }
-
-    fn fresh_key(&mut self) -> Key {
-        let domain = self.case.initial_rows.max(20) * 2;
-        loop {
-            let key = random_key(self.case.shape, &mut self.rng, domain);
-            if !self.u.contains_key(&key) {
-                return key;
-            }
-        }
+        Changes::new(self.case.shape, self.case.initial_rows, MIX)
+            .chunk(&mut self.rng, &mut self.u, 6)
+            .expect("a mix without position changes makes a chunk")
     }
 
     /// Epochs until both are finished, then a few pass-through epochs; then I2.
@@ -355,19 +319,6 @@ impl Run {
             self.epoch();
         }
         assert_eq!(self.d, self.u, "I2 ({:?})", self.case);
-    }
-}
-
-fn random_key(shape: Shape, rng: &mut StdRng, domain: usize) -> Key {
-    match shape {
-        Shape::Int64 => Key::Int(rng.random_range(0..domain as i64)),
-        Shape::Composite => {
-            let letters = ((domain as f64).sqrt().ceil() as u8 + 1).min(26);
-            let s: String = (0..rng.random_range(1..=2))
-                .map(|_| char::from(b'a' + rng.random_range(0..letters)))
-                .collect();
-            Key::Comp(s, rng.random_range(-(domain as i32)..domain as i32))
-        }
     }
 }
 

@@ -23,8 +23,8 @@ use arrangement_backfill::store::io::{Fault, FaultyIo, RealIo, StorageIo};
 use arrangement_backfill::store::{Compaction, DurableOptions};
 use arrangement_backfill::vnode::VnodeCount;
 
-mod files;
-use files::files_under;
+mod common;
+use common::files::{files_under, log_file};
 
 fn dataset(dir: &Path, name: &str, rows_scale: f64, seed: u64) -> Dataset {
     let kind = GenKind::Synthetic {
@@ -157,17 +157,6 @@ fn run_files(state: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
-}
-
-/// The manifest log of a state directory (one after a commit).
-fn log_file(state: &Path) -> PathBuf {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(state)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
-        .collect();
-    assert_eq!(logs.len(), 1, "one log: {logs:?}");
-    logs.pop().unwrap()
 }
 
 #[test]

@@ -41,6 +41,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::cli::{bin, published, tmp_files};
+
 /// How long any one command may take before the test calls it hung.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -198,31 +201,6 @@ impl Dataset {
     }
 }
 
-/// Whether `name` is an output file by the tool's rule: `epoch-<20 digits>.parquet` of an
-/// epoch that fits in 64 bits.
-fn is_output_name(name: &str) -> bool {
-    name.strip_prefix("epoch-")
-        .and_then(|rest| rest.strip_suffix(".parquet"))
-        .is_some_and(|digits| {
-            digits.len() == 20
-                && digits.bytes().all(|b| b.is_ascii_digit())
-                && digits.parse::<u64>().is_ok()
-        })
-}
-
-/// The published output files of `out`, in epoch order.
-fn published(out: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(out.join("changes")) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().path())
-            .filter(|p| is_output_name(&p.file_name().unwrap().to_string_lossy()))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    files.sort();
-    files
-}
-
 /// The table the published files of `out` net to, each change applied exactly once, read
 /// with `spec`.
 fn net_table(spec: &Spec, out: &Path) -> Result<Table, String> {
@@ -240,15 +218,10 @@ fn net_table(spec: &Spec, out: &Path) -> Result<Table, String> {
 /// No `.tmp` file left in `out/changes` (a run that ended by itself, or by its signal
 /// handler, leaves nothing half-written).
 fn no_tmp(out: &Path) -> Result<(), String> {
-    if let Ok(entries) = std::fs::read_dir(out.join("changes")) {
-        for entry in entries {
-            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                return Err(format!("{name} left in {}", out.display()));
-            }
-        }
+    match tmp_files(out).first() {
+        Some(name) => Err(format!("{name} left in {}", out.display())),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The output of a stopped run, read independently: whatever it holds (the committed
@@ -413,7 +386,7 @@ fn run(args: &[String], stop: Stop, logs: &Path, scratch: &Path) -> Result<Ran, 
     let command = format!("backfill {}", args.join(" "));
     let stdout_path = logs.join("stdout");
     let stderr_path = logs.join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_backfill"))
+    let mut child = bin()
         .args(args)
         .env("TMPDIR", scratch)
         .stdin(Stdio::null())

@@ -17,6 +17,8 @@
 //! refused naming the log (it was durable before the manifest), and a newer log left by a
 //! rewrite that crashed before its commit point is removed on open.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +38,8 @@ use arrow_array::{Int64Array, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use common::files::log_file;
 
 const VNODES: usize = 4;
 const HEADER_LEN: usize = 20;
@@ -136,17 +140,6 @@ fn build(dir: &Path) {
     drop(store);
     let store = open(dir).unwrap();
     commit_epochs(&store, MANIFEST_EPOCH..=LAST_EPOCH);
-}
-
-/// The one log file of a store directory.
-fn log_file(dir: &Path) -> PathBuf {
-    let mut logs: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
-        .collect();
-    assert_eq!(logs.len(), 1, "one log in {}: {logs:?}", dir.display());
-    logs.pop().unwrap()
 }
 
 /// A record of the log, located by this test's own reading of the documented format.

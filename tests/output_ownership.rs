@@ -13,41 +13,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod files;
-mod tool;
-use files::files_under;
-use tool::{bin, p, run, text};
+mod common;
+use common::cli::{bin, p, published, refused, run, synthetic, text, verified};
+use common::files::files_under;
 
 fn generate(dir: &Path, name: &str) -> PathBuf {
-    let out = dir.join(name);
-    let o = run(&[
-        "gen",
-        "synthetic",
-        "--out",
-        p(&out),
-        "--scale",
-        "0.04",
-        "--epochs",
-        "16",
-        "--seed",
-        "5",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    out
+    synthetic(
+        dir.join(name),
+        &["--scale", "0.04", "--epochs", "16", "--seed", "5"],
+    )
 }
 
 /// The replay command of these tests, `extra` options after.
 fn replay_args<'a>(dataset: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "replay",
-        p(dataset),
-        "--out",
-        p(out),
-        "--progress",
-        "none",
-        "--vnodes",
-        "16",
-    ];
+    let mut args = common::cli::replay_args(dataset, out);
+    args.extend(["--vnodes", "16"]);
     args.extend_from_slice(extra);
     args
 }
@@ -93,31 +73,6 @@ fn replay_killed(dataset: &Path, out: &Path, extra: &[&str], files: usize) {
     child.wait().unwrap();
 }
 
-/// The published output files, by name.
-fn published(out: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(out.join("changes"))
-        .map(|entries| {
-            entries
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .filter(|n| n.starts_with("epoch-") && n.ends_with(".parquet"))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
-fn verified(dataset: &Path, out: &Path) {
-    let o = run(&["verify", p(dataset), p(out)]);
-    assert!(o.status.success(), "verify {}: {}", out.display(), text(&o));
-}
-
-fn refused(o: &Output, needle: &str) {
-    assert_eq!(o.status.code(), Some(2), "{}", text(o));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains(needle), "wanted `{needle}`: {}", text(o));
-}
-
 #[test]
 fn paths_are_compared_by_what_they_name() {
     let tmp = tempfile::tempdir().unwrap();
@@ -125,24 +80,24 @@ fn paths_are_compared_by_what_they_name() {
     let before = files_under(&dataset);
     // `nope` does not exist: `nope/../ds` is the dataset once `nope` is created.
     let sneaky = tmp.path().join("nope/../ds");
-    refused(&replay(&dataset, &sneaky, &[]), "overlaps the dataset");
+    refused(&replay(&dataset, &sneaky, &[]), &["overlaps the dataset"]);
     let sneaky_inside = tmp.path().join("nope/../ds/out");
     refused(
         &replay(&dataset, &sneaky_inside, &[]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
     // A link to the dataset is the dataset.
     std::os::unix::fs::symlink(&dataset, tmp.path().join("link")).unwrap();
     refused(
         &replay(&dataset, &tmp.path().join("link/out"), &[]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
     // A state inside the dataset.
     let out = tmp.path().join("out");
     let state = dataset.join("changes");
     refused(
         &replay(&dataset, &out, &["--state", p(&state)]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
     assert_eq!(files_under(&dataset), before, "the dataset was touched");
     assert!(!tmp.path().join("nope").exists());
@@ -160,8 +115,8 @@ fn a_linked_changes_directory_is_refused_and_its_target_untouched() {
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     std::os::unix::fs::symlink(other.join("changes"), out.join("changes")).unwrap();
-    refused(&replay(&dataset, &out, &[]), "symbolic link");
-    refused(&replay(&dataset, &out, &["--fresh"]), "symbolic link");
+    refused(&replay(&dataset, &out, &[]), &["symbolic link"]);
+    refused(&replay(&dataset, &out, &["--fresh"]), &["symbolic link"]);
     assert_eq!(files_under(&other), other_files);
 }
 
@@ -171,10 +126,10 @@ fn outputs_that_are_not_directories_and_dangling_states_say_so() {
     let dataset = generate(tmp.path(), "ds");
     let file = tmp.path().join("file");
     std::fs::write(&file, b"keep").unwrap();
-    refused(&replay(&dataset, &file, &[]), "is not a directory");
+    refused(&replay(&dataset, &file, &[]), &["is not a directory"]);
     refused(
         &replay(&dataset, Path::new("/dev/full"), &[]),
-        "character device",
+        &["character device"],
     );
     let out = tmp.path().join("out");
     std::os::unix::fs::symlink(tmp.path().join("gone"), tmp.path().join("dangling")).unwrap();
@@ -184,7 +139,7 @@ fn outputs_that_are_not_directories_and_dangling_states_say_so() {
             &out,
             &["--state", p(&tmp.path().join("dangling"))],
         ),
-        "symbolic link",
+        &["symbolic link"],
     );
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }
@@ -199,12 +154,12 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
     let kept = published(&out);
     refused(
         &replay(&dataset, &out, &["--memory"]),
-        "holds the output of job",
+        &["holds the output of job"],
     );
     assert_eq!(published(&out), kept, "the durable output was touched");
     // With --fresh the memory run replaces it; the durable state no longer resumes there.
     replayed(&dataset, &out, &["--memory", "--fresh", "--verify"]);
-    refused(&replay(&dataset, &out, &[]), "belongs to job");
+    refused(&replay(&dataset, &out, &[]), &["belongs to job"]);
     verified(&dataset, &out);
     // --fresh starts the durable job over.
     replayed(&dataset, &out, &["--fresh", "--verify"]);
@@ -213,7 +168,7 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
     let complete = published(&out);
     refused(
         &replay(&dataset, &out, &["--memory"]),
-        "holds the output of job",
+        &["holds the output of job"],
     );
     assert_eq!(published(&out), complete);
     let o = replayed(&dataset, &out, &[]);
@@ -227,14 +182,14 @@ fn a_memory_run_never_takes_over_a_durable_output_and_a_state_only_its_own() {
     let second = tmp.path().join("second");
     refused(
         &replay(&dataset, &second, &["--state", p(&state)]),
-        "holds no output of it",
+        &["holds no output of it"],
     );
     assert!(published(&second).is_empty());
     // A new state for an output of another job: refused before the state is created.
     let fresh_state = tmp.path().join("new-state");
     refused(
         &replay(&dataset, &first, &["--state", p(&fresh_state)]),
-        "holds the output of job",
+        &["holds the output of job"],
     );
     assert!(!fresh_state.exists(), "a refused run created its state");
 }
@@ -259,17 +214,20 @@ fn a_resume_checks_every_committed_output_file() {
     let out = tmp.path().join("deleted");
     replay_killed(&dataset, &out, &[], 3);
     let files = published(&out);
-    std::fs::remove_file(out.join("changes").join(&files[1])).unwrap();
-    refused(&replay(&dataset, &out, &[]), "is missing");
+    std::fs::remove_file(&files[1]).unwrap();
+    refused(&replay(&dataset, &out, &[]), &["is missing"]);
     // A committed file altered in place, to the same size.
     let out = tmp.path().join("altered");
     replay_killed(&dataset, &out, &[], 3);
-    let file = out.join("changes").join(&published(&out)[0]);
+    let file = published(&out)[0].clone();
     let mut bytes = std::fs::read(&file).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x40;
     std::fs::write(&file, &bytes).unwrap();
-    refused(&replay(&dataset, &out, &[]), "was changed after checkpoint");
+    refused(
+        &replay(&dataset, &out, &[]),
+        &["was changed after checkpoint"],
+    );
     // A file the state never recorded.
     let out = tmp.path().join("foreign");
     replay_killed(&dataset, &out, &[], 2);
@@ -280,14 +238,14 @@ fn a_resume_checks_every_committed_output_file() {
     .unwrap();
     refused(
         &replay(&dataset, &out, &[]),
-        "not a file this job committed",
+        &["not a file this job committed"],
     );
     // A finished output with a file deleted is not "already finished".
     let out = tmp.path().join("finished");
     replayed(&dataset, &out, &[]);
     let files = published(&out);
-    std::fs::remove_file(out.join("changes").join(files.last().unwrap())).unwrap();
-    refused(&replay(&dataset, &out, &[]), "is missing");
+    std::fs::remove_file(files.last().unwrap()).unwrap();
+    refused(&replay(&dataset, &out, &[]), &["is missing"]);
 }
 
 #[test]
@@ -299,16 +257,13 @@ fn a_published_file_past_the_committed_state_is_refused() {
     // A published file of a later epoch proves the state lost a committed checkpoint.
     let last = published(&out).last().unwrap().clone();
     std::fs::copy(
-        out.join("changes").join(&last),
+        &last,
         out.join("changes/epoch-00000000000000099999.parquet"),
     )
     .unwrap();
-    let o = replay(&dataset, &out, &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("lost committed checkpoints"),
-        "{}",
-        text(&o)
+    refused(
+        &replay(&dataset, &out, &[]),
+        &["lost committed checkpoints"],
     );
 }
 
@@ -328,7 +283,7 @@ fn a_dataset_file_changed_in_place_is_another_dataset() {
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(&snapshot, &bytes).unwrap();
     let o = replay(&dataset, &out, &[]);
-    refused(&o, "snapshot files changed");
+    refused(&o, &["snapshot files changed"]);
     // --fresh accepts it as the new dataset.
     replayed(&dataset, &out, &["--fresh", "--verify"]);
 }
@@ -411,17 +366,17 @@ fn a_bind_mount_of_the_dataset_is_the_dataset() {
     let before = files_under(&dataset);
     refused(
         &replay(&dataset, &bind.join("out"), &[]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
-    refused(&replay(&dataset, &bind, &[]), "overlaps the dataset");
+    refused(&replay(&dataset, &bind, &[]), &["overlaps the dataset"]);
     refused(
         &replay(&bind, &dataset.join("out"), &[]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
     let out = tmp.path().join("out");
     refused(
         &replay(&dataset, &out, &["--state", p(&bind.join("changes"))]),
-        "overlaps the dataset",
+        &["overlaps the dataset"],
     );
     assert_eq!(files_under(&dataset), before);
 }

@@ -2,7 +2,8 @@
 //! descending keys, NULL values, empty and one-row tables, many tiny epochs) replayed with
 //! random options on both stores, each output checked by `verify`.
 
-use std::fs::File;
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +17,10 @@ use arrow_array::{
     UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use common::dataset::write_parquet;
 
 /// A key: (first column as i64 seed, second column seed for composite keys).
 type Key = (i64, i64);
@@ -92,12 +94,6 @@ fn batch(shape: Shape, rows: &[(Key, Option<i64>, Option<String>)]) -> RecordBat
         rows.iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
     )));
     RecordBatch::try_new(schema(shape), columns).unwrap()
-}
-
-fn write_parquet(path: &Path, batch: &RecordBatch) {
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
 }
 
 fn value(rng: &mut StdRng) -> (Option<i64>, Option<String>) {

@@ -5,6 +5,8 @@
 //! sizes, point reads, and a replicated handle with its own layers. After every step the store
 //! must agree with the model.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
+
+use common::files::log_file;
 
 type Rows = BTreeMap<i64, String>;
 type Delta = BTreeMap<i64, Option<String>>;
@@ -739,17 +743,6 @@ fn manual_options() -> DurableOptions {
         compaction: arrangement_backfill::store::Compaction::Manual,
         ..merging_options()
     }
-}
-
-/// The manifest log of a store directory (there is one after a commit).
-fn log_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut logs: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
-        .collect();
-    assert_eq!(logs.len(), 1, "one log in {}: {logs:?}", dir.display());
-    logs.pop().unwrap()
 }
 
 /// Where each record of a log starts (the format of `store::durable::log`: a 20-byte header,

@@ -1,30 +1,31 @@
-//! Issue 41 items 7 and 8: dictionary key columns on the durable store, and string data too
-//! large for one Arrow batch. Each case runs the `backfill` binary on a dataset made here.
+//! Column types end to end: every accepted type reads back as itself (also for pyarrow and
+//! DuckDB, when installed), only distribution-key columns must be hashable (issue 8 items 10
+//! and 12), dictionary key columns on the durable store, and string data too large for one
+//! Arrow batch (issue 41 items 7 and 8). Each case runs the `backfill` binary on a dataset
+//! made here.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrow_array::builder::StringDictionaryBuilder;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, Int8Array, Int64Array, RecordBatch, UInt64Array};
+use arrow_array::{
+    ArrayRef, FixedSizeBinaryArray, Int8Array, Int64Array, RecordBatch, UInt64Array,
+};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::properties::WriterProperties;
 
-mod tool;
-use tool::{ok, p as path, run as backfill, text};
-
-fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
+mod common;
+use common::cli::{ok, p, refused, replay_args, run, text, verified};
+use common::dataset::{
+    read_parquet, record_batch, write_dataset, write_parquet, write_parquet_with,
+};
 
 fn dictionary(values: impl IntoIterator<Item = String>) -> ArrayRef {
     let mut b = StringDictionaryBuilder::<Int32Type>::new();
@@ -78,7 +79,7 @@ fn dictionary_key_dataset(dir: &Path, distribution: &str) -> PathBuf {
         .collect();
     let (fields, columns) = table(&snapshot, &[]);
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-    write_with(&ds.join("snapshot/part-0.parquet"), &batch, None);
+    write_parquet(&ds.join("snapshot/part-0.parquet"), &batch);
 
     // Changes: epoch 1 inserts new keys, epoch 2 updates some snapshot rows, epoch 3 deletes.
     let mut rows = Vec::new();
@@ -106,7 +107,7 @@ fn dictionary_key_dataset(dir: &Path, distribution: &str) -> PathBuf {
     columns.insert(0, Arc::new(Int8Array::from(ops)));
     columns.insert(0, Arc::new(UInt64Array::from(epochs)));
     let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-    write_with(&ds.join("changes/part-0.parquet"), &batch, None);
+    write_parquet(&ds.join("changes/part-0.parquet"), &batch);
     ds
 }
 
@@ -119,12 +120,7 @@ fn output_net(out: &Path) -> Vec<(String, i64)> {
         if file.extension().is_none_or(|e| e != "parquet") {
             continue;
         }
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&file).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
-        for batch in reader {
-            let batch = batch.unwrap();
+        for batch in read_parquet(&file) {
             let schema = batch.schema();
             let op = schema.index_of("_op").unwrap();
             let ops = batch
@@ -149,9 +145,9 @@ fn output_net(out: &Path) -> Vec<(String, i64)> {
 }
 
 fn replay(ds: &Path, out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["replay", path(ds), "--out", path(out), "--progress", "none"];
+    let mut args = replay_args(ds, out);
     args.extend_from_slice(extra);
-    backfill(&args)
+    run(&args)
 }
 
 /// Item 7: a dictionary key column outside the distribution key replays on the durable store
@@ -165,10 +161,10 @@ fn a_dictionary_key_column_replays_on_the_durable_store() {
     let memory = tmp.path().join("memory");
     let o = replay(&ds, &durable, &["--batch-size", "100"]);
     assert!(o.status.success(), "{}", text(&o));
-    ok(&["verify", path(&ds), path(&durable)]);
+    verified(&ds, &durable);
     let o = replay(&ds, &memory, &["--memory", "--batch-size", "100"]);
     assert!(o.status.success(), "{}", text(&o));
-    ok(&["verify", path(&ds), path(&memory)]);
+    verified(&ds, &memory);
     let (d, m) = (output_net(&durable), output_net(&memory));
     assert!(d.len() > 2000, "{}", d.len());
     assert_eq!(d, m);
@@ -413,7 +409,7 @@ fn narrow_dictionary_columns_replay_through_compaction() {
         let args = ["--batch-size", "100", "--vnodes", "4"];
         let o = replay(&ds, &durable, &args);
         assert!(o.status.success(), "{name}: {}", text(&o));
-        ok(&["verify", path(&ds), path(&durable)]);
+        verified(&ds, &durable);
         let o = replay(&ds, &memory, &[&args[..], &["--memory"]].concat());
         assert!(o.status.success(), "{name}: {}", text(&o));
         let (d, m) = (output_net(&durable), output_net(&memory));
@@ -446,4 +442,560 @@ fn narrow_dictionary_keys_beyond_their_type_exit_2_naming_the_column() {
             text(&o)
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 8 item 10: every accepted type reads back as itself
+// ---------------------------------------------------------------------------------------------
+
+/// A table with one column of every type the tool accepts, key `k`, and a NULL in every
+/// value column.
+fn all_types() -> RecordBatch {
+    use arrow_array::builder::{ListBuilder, StringBuilder};
+    use arrow_array::*;
+    use arrow_schema::{IntervalUnit, TimeUnit};
+    let n = 4;
+    let day = 86_400_000i64;
+    let mut list = ListBuilder::new(Int32Array::builder(0));
+    for i in 0..n {
+        if i == 2 {
+            list.append_null();
+        } else {
+            list.values().append_value(i);
+            list.values().append_null();
+            list.append(true);
+        }
+    }
+    let mut dict =
+        arrow_array::builder::StringDictionaryBuilder::<arrow_array::types::Int32Type>::new();
+    for s in [Some("x"), Some("y"), None, Some("x")] {
+        dict.append_option(s);
+    }
+    let strings = || vec![Some("a"), Some("ßé"), None, Some("")];
+    let bytes = || vec![Some(&b"\x00\xff"[..]), Some(b"b"), None, Some(b"")];
+    let mut sb = StringBuilder::new();
+    for s in strings() {
+        sb.append_option(s);
+    }
+    let struct_array = StructArray::from(vec![
+        (
+            Arc::new(Field::new("a", DataType::Int32, true)),
+            Arc::new(Int32Array::from(vec![Some(1), None, Some(3), Some(4)])) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("b", DataType::Utf8, true)),
+            Arc::new(sb.finish()) as ArrayRef,
+        ),
+    ]);
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("k", Arc::new(Int64Array::from(vec![3, 1, 4, 2]))),
+        (
+            "bool",
+            Arc::new(BooleanArray::from(vec![
+                Some(true),
+                Some(false),
+                None,
+                Some(true),
+            ])),
+        ),
+        (
+            "i8",
+            Arc::new(Int8Array::from(vec![
+                Some(i8::MIN),
+                Some(-1),
+                None,
+                Some(i8::MAX),
+            ])),
+        ),
+        (
+            "i16",
+            Arc::new(Int16Array::from(vec![
+                Some(i16::MIN),
+                Some(0),
+                None,
+                Some(i16::MAX),
+            ])),
+        ),
+        (
+            "i32",
+            Arc::new(Int32Array::from(vec![
+                Some(i32::MIN),
+                Some(7),
+                None,
+                Some(i32::MAX),
+            ])),
+        ),
+        (
+            "i64",
+            Arc::new(Int64Array::from(vec![
+                Some(i64::MIN),
+                Some(7),
+                None,
+                Some(i64::MAX),
+            ])),
+        ),
+        (
+            "u8",
+            Arc::new(UInt8Array::from(vec![
+                Some(0),
+                Some(1),
+                None,
+                Some(u8::MAX),
+            ])),
+        ),
+        (
+            "u16",
+            Arc::new(UInt16Array::from(vec![
+                Some(0),
+                Some(1),
+                None,
+                Some(u16::MAX),
+            ])),
+        ),
+        (
+            "u32",
+            Arc::new(UInt32Array::from(vec![
+                Some(0),
+                Some(1),
+                None,
+                Some(u32::MAX),
+            ])),
+        ),
+        (
+            "u64",
+            Arc::new(UInt64Array::from(vec![
+                Some(0),
+                Some(1),
+                None,
+                Some(u64::MAX),
+            ])),
+        ),
+        (
+            "f16",
+            Arc::new(Float16Array::from(vec![
+                Some(half_from_f32(1.5)),
+                Some(half_from_f32(-0.25)),
+                None,
+                Some(half_from_f32(0.0)),
+            ])),
+        ),
+        (
+            "f32",
+            Arc::new(Float32Array::from(vec![
+                Some(1.5),
+                Some(-0.0),
+                None,
+                Some(f32::MAX),
+            ])),
+        ),
+        (
+            "f64",
+            Arc::new(Float64Array::from(vec![
+                Some(1.5),
+                Some(-1e300),
+                None,
+                Some(f64::MIN_POSITIVE),
+            ])),
+        ),
+        ("utf8", Arc::new(StringArray::from(strings()))),
+        ("large_utf8", Arc::new(LargeStringArray::from(strings()))),
+        ("utf8_view", Arc::new(StringViewArray::from(strings()))),
+        ("binary", Arc::new(BinaryArray::from(bytes()))),
+        ("large_binary", Arc::new(LargeBinaryArray::from(bytes()))),
+        ("binary_view", Arc::new(BinaryViewArray::from(bytes()))),
+        (
+            "fixed",
+            Arc::new(
+                FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+                    vec![Some(b"abc"), Some(b"\x00\x01\x02"), None, Some(b"zzz")].into_iter(),
+                    3,
+                )
+                .unwrap(),
+            ),
+        ),
+        (
+            "date32",
+            Arc::new(Date32Array::from(vec![
+                Some(18262),
+                Some(-1),
+                None,
+                Some(0),
+            ])),
+        ),
+        (
+            "date64",
+            Arc::new(Date64Array::from(vec![
+                Some(18262 * day),
+                Some(-day),
+                None,
+                Some(0),
+            ])),
+        ),
+        (
+            "time32_s",
+            Arc::new(Time32SecondArray::from(vec![
+                Some(0),
+                Some(86_399),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "time32_ms",
+            Arc::new(Time32MillisecondArray::from(vec![
+                Some(0),
+                Some(86_399_999),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "time64_us",
+            Arc::new(Time64MicrosecondArray::from(vec![
+                Some(0),
+                Some(86_399_999_999),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "time64_ns",
+            Arc::new(Time64NanosecondArray::from(vec![
+                Some(0),
+                Some(86_399_999_999_999),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "ts_s",
+            Arc::new(TimestampSecondArray::from(vec![
+                Some(0),
+                Some(1_577_836_800),
+                None,
+                Some(-1),
+            ])),
+        ),
+        (
+            "ts_ms_utc",
+            Arc::new(
+                TimestampMillisecondArray::from(vec![
+                    Some(0),
+                    Some(1_577_836_800_123),
+                    None,
+                    Some(-1),
+                ])
+                .with_timezone("UTC"),
+            ),
+        ),
+        (
+            "ts_us_tz",
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![
+                    Some(0),
+                    Some(1_577_836_800_123_456),
+                    None,
+                    Some(-1),
+                ])
+                .with_timezone("+02:00"),
+            ),
+        ),
+        (
+            "ts_ns",
+            Arc::new(TimestampNanosecondArray::from(vec![
+                Some(0),
+                Some(1_577_836_800_123_456_789),
+                None,
+                Some(-1),
+            ])),
+        ),
+        (
+            "dur_s",
+            Arc::new(DurationSecondArray::from(vec![
+                Some(0),
+                Some(-5),
+                None,
+                Some(i64::MAX),
+            ])),
+        ),
+        (
+            "dur_ms",
+            Arc::new(DurationMillisecondArray::from(vec![
+                Some(0),
+                Some(5),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "dur_us",
+            Arc::new(DurationMicrosecondArray::from(vec![
+                Some(0),
+                Some(5),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "dur_ns",
+            Arc::new(DurationNanosecondArray::from(vec![
+                Some(0),
+                Some(5),
+                None,
+                Some(1),
+            ])),
+        ),
+        (
+            "dec128",
+            Arc::new(
+                Decimal128Array::from(vec![Some(12_345), Some(-1), None, Some(10i128.pow(20) - 1)])
+                    .with_precision_and_scale(20, 3)
+                    .unwrap(),
+            ),
+        ),
+        (
+            "dec256",
+            Arc::new(
+                Decimal256Array::from(vec![
+                    Some(arrow_buffer::i256::from_i128(12_345)),
+                    Some(arrow_buffer::i256::from_i128(-1)),
+                    None,
+                    Some(arrow_buffer::i256::from_i128(10i128.pow(30))),
+                ])
+                .with_precision_and_scale(40, 5)
+                .unwrap(),
+            ),
+        ),
+        (
+            "interval_ym",
+            Arc::new(IntervalYearMonthArray::from(vec![
+                Some(0),
+                Some(13),
+                None,
+                Some(-2),
+            ])),
+        ),
+        ("list_i32", Arc::new(list.finish())),
+        ("struct", Arc::new(struct_array)),
+        ("dict", Arc::new(dict.finish())),
+    ];
+    let _ = (IntervalUnit::YearMonth, TimeUnit::Second);
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(name, c)| Field::new(*name, c.data_type().clone(), *name != "k"))
+        .collect();
+    record_batch(fields, columns.into_iter().map(|(_, c)| c).collect())
+}
+
+fn half_from_f32(
+    v: f32,
+) -> <arrow_array::types::Float16Type as arrow_array::ArrowPrimitiveType>::Native {
+    <arrow_array::types::Float16Type as arrow_array::ArrowPrimitiveType>::Native::from_f32(v)
+}
+
+/// The rows of every output file, without `_epoch` and `_op`, sorted by `k`.
+fn read_output(out: &Path, schema: &SchemaRef) -> RecordBatch {
+    let mut batches = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(out.join("changes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for file in files {
+        for b in read_parquet(&file) {
+            let ops = b.column(1).as_primitive::<arrow_array::types::Int8Type>();
+            assert!(
+                ops.values().iter().all(|&op| op == 1),
+                "a snapshot replays as inserts"
+            );
+            let table = b
+                .project(&(2..b.num_columns()).collect::<Vec<_>>())
+                .unwrap();
+            batches.push(table);
+        }
+    }
+    let all = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let order = arrow_ord::sort::sort_to_indices(all.column(0), None, None).unwrap();
+    let sorted = arrow_select::take::take_record_batch(&all, &order).unwrap();
+    RecordBatch::try_new(schema.clone(), sorted.columns().to_vec()).unwrap()
+}
+
+/// The rows of a Parquet file, sorted by its first column.
+fn read_sorted(file: &Path) -> RecordBatch {
+    let batches = read_parquet(file);
+    let all = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let order = arrow_ord::sort::sort_to_indices(all.column(0), None, None).unwrap();
+    arrow_select::take::take_record_batch(&all, &order).unwrap()
+}
+
+/// The schema the output files read back with, without `_epoch` and `_op`.
+fn output_schema(out: &Path) -> SchemaRef {
+    let file = std::fs::read_dir(out.join("changes"))
+        .unwrap()
+        .next()
+        .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(file.unwrap().path()).unwrap(),
+    )
+    .unwrap();
+    let fields: Vec<_> = reader.schema().fields()[2..].to_vec();
+    Arc::new(Schema::new(fields))
+}
+
+/// Every accepted type reads back from the replay's output as the type and values it reads
+/// from the input, whether the input was written for other readers (`coerce_types`: Date64
+/// as a Parquet DATE, lists with `element` fields, as pyarrow writes) or as arrow-rs writes
+/// by default.
+#[test]
+fn every_accepted_type_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    for coerce in [true, false] {
+        let ds = tmp.path().join(format!("types-{coerce}"));
+        std::fs::create_dir_all(&ds).unwrap();
+        std::fs::write(
+            ds.join("dataset.json"),
+            r#"{"name": "types", "primary_key": ["k"]}"#,
+        )
+        .unwrap();
+        let props = WriterProperties::builder().set_coerce_types(coerce).build();
+        let snapshot = ds.join("snapshot/part-0.parquet");
+        write_parquet_with(&snapshot, &all_types(), Some(props));
+        let out = tmp.path().join(format!("out-{coerce}"));
+        let mut args = replay_args(&ds, &out);
+        args.push("--verify");
+        ok(&args);
+
+        let expected = read_sorted(&snapshot);
+        let got_schema = output_schema(&out);
+        let got = read_output(&out, &got_schema);
+        for (i, field) in expected.schema().fields().iter().enumerate() {
+            // Nested field names (a list's `item` or `element`) are not part of the type,
+            // for pyarrow as here: the output uses Parquet's `element`.
+            assert!(
+                got_schema
+                    .field(i)
+                    .data_type()
+                    .equals_datatype(field.data_type()),
+                "coerce {coerce}: column {} reads back as {}, not {}",
+                field.name(),
+                got_schema.field(i).data_type(),
+                field.data_type()
+            );
+            let got_column = arrow_cast::cast(got.column(i), field.data_type()).unwrap();
+            assert_eq!(
+                got_column.as_ref(),
+                expected.column(i).as_ref(),
+                "coerce {coerce}: column {} reads back with other values",
+                field.name()
+            );
+        }
+        if coerce {
+            check_with_other_readers(&snapshot, &out);
+        }
+    }
+}
+
+/// pyarrow and DuckDB, when installed, see the output as they see the input.
+fn check_with_other_readers(snapshot: &Path, out: &Path) {
+    let have_pyarrow = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_pyarrow {
+        eprintln!("pyarrow is not installed: the pyarrow and DuckDB checks are skipped");
+        return;
+    }
+    let script = r#"
+import glob, sys
+import pyarrow as pa, pyarrow.parquet as pq
+snapshot, out = sys.argv[1], sys.argv[2]
+inp = pq.read_table(snapshot)
+outp = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(out + "/changes/*.parquet"))])
+outp = outp.drop_columns(["_epoch", "_op"])
+import pyarrow.compute as pc
+def sorted_values(table, name):
+    column = table.column(name).combine_chunks()
+    # pyarrow has no take kernel for views: compare their plain forms.
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if pa.types.is_string_view(column.type):
+        column = column.cast(pa.string())
+    elif pa.types.is_binary_view(column.type):
+        column = column.cast(pa.binary())
+    return column.take(pc.sort_indices(table.column("k")))
+bad = []
+if inp.column_names != outp.column_names:
+    bad.append(f"pyarrow columns: {inp.column_names} vs {outp.column_names}")
+for name in inp.column_names:
+    a, b = inp.column(name), outp.column(name)
+    va, vb = sorted_values(inp, name), sorted_values(outp, name)
+    if a.type != b.type or not va.equals(vb):
+        bad.append(f"pyarrow {name}: {a.type} {va.to_string()} vs {b.type} {vb.to_string()}")
+try:
+    import duckdb
+except ImportError:
+    duckdb = None
+if duckdb is not None:
+    con = duckdb.connect()
+    def described(q):
+        return [(r[0], r[1]) for r in con.execute("DESCRIBE " + q).fetchall()]
+    i = described(f"SELECT * FROM read_parquet('{snapshot}')")
+    o = described(f"SELECT * EXCLUDE (_epoch, _op) FROM read_parquet('{out}/changes/*.parquet')")
+    if i != o:
+        bad.append(f"duckdb types: {i} vs {o}")
+    q = "SELECT * {} FROM read_parquet('{}') ORDER BY k"
+    ri = con.execute(q.format("", snapshot)).fetchall()
+    ro = con.execute(q.format("EXCLUDE (_epoch, _op)", out + "/changes/*.parquet")).fetchall()
+    if ri != ro:
+        bad.append(f"duckdb values: {ri} vs {ro}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, p(snapshot), p(out)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 8 item 12: only distribution-key columns must be hashable
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_key_column_outside_the_distribution_key_need_not_be_hashable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("fsb");
+    let snapshot = record_batch(
+        vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::FixedSizeBinary(2), false),
+        ],
+        vec![
+            Arc::new(Int64Array::from(vec![1, 1, 2])),
+            Arc::new(
+                FixedSizeBinaryArray::try_from_iter(vec![b"xy", b"zz", b"xy"].into_iter()).unwrap(),
+            ),
+        ],
+    );
+    write_dataset(
+        &ds,
+        Some(r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["a"]}"#),
+        &snapshot,
+        None,
+    );
+    let out = tmp.path().join("out");
+    let mut args = replay_args(&ds, &out);
+    args.push("--verify");
+    ok(&args);
+    // Distributed by the unhashable column: refused, exit 2, naming it.
+    std::fs::write(
+        ds.join("dataset.json"),
+        r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["b"]}"#,
+    )
+    .unwrap();
+    refused(
+        &run(&replay_args(&ds, &tmp.path().join("out2"))),
+        &["`b`", "FixedSizeBinary"],
+    );
 }

@@ -14,8 +14,23 @@
 //! pairs); I1 per vnode after every barrier, with positions read back from the progress
 //! table; I4 between barriers; I2 at the end; I6 by requiring the run to finish within a
 //! bounded number of barriers while the upstream stays busy.
+//!
+//! The helpers every integration test may share live in submodules:
+//! - [`changes`]: the seeded change generator (this harness's, the differential and actor
+//!   tests');
+//! - [`cli`]: running the `backfill` binary and reading its output directory;
+//! - [`dataset`]: dataset directories written by hand, Parquet files read back;
+//! - [`files`]: directory trees compared byte for byte.
+//!
+//! Every test file that says `mod common;` compiles all of it, hence `dead_code` allowed.
 
 #![allow(dead_code)]
+
+pub mod changes;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod dataset;
+pub mod files;
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -40,6 +55,8 @@ use futures::{FutureExt, Stream, StreamExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
+
+use changes::{Changes, Mix, random_rows};
 
 /// The table's key shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +152,17 @@ pub struct Harness {
 }
 
 pub const PROGRESS: &str = "t.backfill_progress";
+
+/// The harness's changes: every kind, and a few right at a vnode's position.
+const MIX: Mix = Mix {
+    insert: 30,
+    delete: 20,
+    update: 25,
+    delete_insert: 10,
+    moving_update: 8,
+    at_position: 7,
+    distinct_new_keys: false,
+};
 
 pub fn schema(shape: Shape) -> SchemaRef {
     Arc::new(Schema::new(match shape {
@@ -233,11 +261,7 @@ impl Harness {
         let mut upstream = store
             .table("t", VnodeBitmap::full(desc.vnode_count()))
             .unwrap();
-        let mut u = BTreeMap::new();
-        while u.len() < p.initial_rows {
-            let key = random_key(p.shape, &mut rng, p.initial_rows);
-            u.insert(key, rng.random_range(0..1000));
-        }
+        let u = random_rows(p.shape, &mut rng, p.initial_rows, p.initial_rows);
         if !u.is_empty() {
             let rows: Vec<(Key, i64)> = u.iter().map(|(k, v)| (k.clone(), *v)).collect();
             upstream
@@ -523,120 +547,14 @@ impl Harness {
 
     /// Applies a random valid chunk of changes upstream and sends it to the executor.
     pub fn push_changes(&mut self, max: usize) {
-        let n = self.rng.random_range(1..=max);
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
-        let mut ops = Vec::new();
-        for _ in 0..n {
-            let choice = self.rng.random_range(0..100);
-            let existing = self.random_existing();
-            match (choice, existing) {
-                // Insert a new key.
-                (0..30, _) | (_, None) => {
-                    let key = self.fresh_key();
-                    let v = self.rng.random_range(0..1000);
-                    self.u.insert(key.clone(), v);
-                    keys.push(key);
-                    values.push(v);
-                    ops.push(Op::Insert);
-                }
-                (30..50, Some((key, v))) => {
-                    self.u.remove(&key);
-                    keys.push(key);
-                    values.push(v);
-                    ops.push(Op::Delete);
-                }
-                (50..75, Some((key, v))) => {
-                    let nv = self.rng.random_range(0..1000);
-                    self.u.insert(key.clone(), nv);
-                    keys.extend([key.clone(), key]);
-                    values.extend([v, nv]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-                (75..85, Some((key, v))) => {
-                    // Deleted and re-inserted in the same epoch.
-                    let nv = self.rng.random_range(0..1000);
-                    self.u.insert(key.clone(), nv);
-                    keys.extend([key.clone(), key]);
-                    values.extend([v, nv]);
-                    ops.extend([Op::Delete, Op::Insert]);
-                }
-                (85..93, Some((key, v))) => {
-                    // An update that moves the row to another key.
-                    let new_key = self.fresh_key();
-                    let nv = self.rng.random_range(0..1000);
-                    self.u.remove(&key);
-                    self.u.insert(new_key.clone(), nv);
-                    keys.extend([key, new_key]);
-                    values.extend([v, nv]);
-                    ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                }
-                (_, Some(_)) => {
-                    // A change exactly at some vnode's position.
-                    let Some(key) = self.key_at_a_position() else {
-                        continue;
-                    };
-                    let nv = self.rng.random_range(0..1000);
-                    match self.u.insert(key.clone(), nv) {
-                        Some(old) => {
-                            keys.extend([key.clone(), key]);
-                            values.extend([old, nv]);
-                            ops.extend([Op::UpdateDelete, Op::UpdateInsert]);
-                        }
-                        None => {
-                            keys.push(key);
-                            values.push(nv);
-                            ops.push(Op::Insert);
-                        }
-                    }
-                }
-            }
-        }
-        if ops.is_empty() {
+        let changes = Changes::new(self.p.shape, self.p.initial_rows, MIX);
+        let (shape, desc, progress) = (self.p.shape, &self.desc, self.last_progress.as_ref());
+        let at_position = |rng: &mut StdRng| key_at_a_position(shape, desc, progress?, rng);
+        let Some(chunk) = changes.chunk_at(&mut self.rng, &mut self.u, max, at_position) else {
             return;
-        }
-        let rows: Vec<(Key, i64)> = keys.into_iter().zip(values).collect();
-        let chunk = StreamChunk::new(batch_of(self.p.shape, &rows), ops).unwrap();
+        };
         self.upstream.write(&chunk).unwrap();
         self.tx.unbounded_send(Ok(Message::Chunk(chunk))).unwrap();
-    }
-
-    fn random_existing(&mut self) -> Option<(Key, i64)> {
-        if self.u.is_empty() {
-            return None;
-        }
-        let i = self.rng.random_range(0..self.u.len());
-        self.u.iter().nth(i).map(|(k, v)| (k.clone(), *v))
-    }
-
-    fn fresh_key(&mut self) -> Key {
-        let domain = self.p.initial_rows.max(20) * 2;
-        loop {
-            let key = random_key(self.p.shape, &mut self.rng, domain);
-            if !self.u.contains_key(&key) {
-                return key;
-            }
-        }
-    }
-
-    fn key_at_a_position(&mut self) -> Option<Key> {
-        let progress = self.last_progress.as_ref()?;
-        let positions: Vec<Position> = progress
-            .iter()
-            .filter_map(|(_, p)| p.position().cloned())
-            .collect();
-        if positions.is_empty() {
-            return None;
-        }
-        let pos = &positions[self.rng.random_range(0..positions.len())];
-        let key_batch = pos.to_batch(self.desc.pk()).unwrap();
-        Some(match self.p.shape {
-            Shape::Int64 => Key::Int(key_batch.column(0).as_primitive::<Int64Type>().value(0)),
-            Shape::Composite => Key::Comp(
-                key_batch.column(0).as_string::<i32>().value(0).to_string(),
-                key_batch.column(1).as_primitive::<Int32Type>().value(0),
-            ),
-        })
     }
 
     /// A barrier, a checkpoint every `checkpoint_every`.
@@ -729,6 +647,28 @@ pub fn random_key(shape: Shape, rng: &mut StdRng, domain: usize) -> Key {
             Key::Comp(s, rng.random_range(-(domain as i32)..domain as i32))
         }
     }
+}
+
+/// The key at a random vnode's position in `progress`, if any vnode has one.
+fn key_at_a_position(
+    shape: Shape,
+    desc: &TableDesc,
+    progress: &ProgressMap,
+    rng: &mut StdRng,
+) -> Option<Key> {
+    let positions: Vec<&Position> = progress.iter().filter_map(|(_, p)| p.position()).collect();
+    if positions.is_empty() {
+        return None;
+    }
+    let pos = positions[rng.random_range(0..positions.len())];
+    let key_batch = pos.to_batch(desc.pk()).unwrap();
+    Some(match shape {
+        Shape::Int64 => Key::Int(key_batch.column(0).as_primitive::<Int64Type>().value(0)),
+        Shape::Composite => Key::Comp(
+            key_batch.column(0).as_string::<i32>().value(0).to_string(),
+            key_batch.column(1).as_primitive::<Int32Type>().value(0),
+        ),
+    })
 }
 
 fn start(

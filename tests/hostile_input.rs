@@ -1,11 +1,12 @@
-//! Issue 8, input hardening: each case a hostile but realistic user (or embedder) tried, with
-//! the answer the tool now gives. Tool-level cases run the `backfill` binary; library cases
-//! drive [`BackfillCore`] directly, including a seeded property test over random schemas and
-//! chunks that must give an `Error` or the right answer, never a panic.
+//! Hostile input (issue 8, input hardening): each case a hostile but realistic user (or
+//! embedder) tried, with the answer the tool now gives: options out of range, keys equal only
+//! by SQL's rules (-0.0, NaN payloads), duplicate and reserved column names, files a dataset
+//! skips. Tool-level cases run the `backfill` binary; library cases drive [`BackfillCore`]
+//! directly, including a seeded property test over random schemas and chunks that must give
+//! an `Error` or the right answer, never a panic. Issue 8's column type cases (items 10 and
+//! 12) are in `types_edge.rs`.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrangement_backfill::backfill::{Action, ArrangementTracker, BackfillCore, Phase};
@@ -17,85 +18,27 @@ use arrangement_backfill::key::{KeyColumn, Position, PrimaryKey};
 use arrangement_backfill::table::{Distribution, TableDesc};
 use arrangement_backfill::vnode::{VnodeBitmap, VnodeCount, vnode_of_row};
 use arrangement_backfill::{Error, Result};
-use arrow_array::cast::AsArray;
 use arrow_array::{
     ArrayRef, BooleanArray, Date32Array, FixedSizeBinaryArray, Float64Array, Int32Array,
     Int64Array, RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::cli::{ok, p, refused, replay_args, run, synthetic, text};
+use common::dataset::{record_batch, write_dataset};
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn backfill(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backfill"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = backfill(args);
-    assert!(o.status.success(), "backfill {args:?} failed: {}", text(&o));
-    o
-}
-
 /// Runs `args`: exit status 2, every needle in stderr, no panic.
-fn exits_two(args: &[&str], needles: &[&str]) -> Output {
-    let o = backfill(args);
-    assert_eq!(o.status.code(), Some(2), "backfill {args:?}: {}", text(&o));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!stderr.contains("panicked"), "{}", text(&o));
-    for needle in needles {
-        assert!(stderr.contains(needle), "missing {needle:?}: {}", text(&o));
-    }
-    o
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn write_with(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
-
-fn write(path: &Path, batch: &RecordBatch) {
-    write_with(path, batch, None)
-}
-
-fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
-}
-
-/// A dataset directory: manifest, one snapshot file, optionally one change file.
-fn dataset(dir: &Path, manifest: &str, snapshot: &RecordBatch, changes: Option<&RecordBatch>) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("dataset.json"), manifest).unwrap();
-    write(&dir.join("snapshot/part-0.parquet"), snapshot);
-    if let Some(changes) = changes {
-        write(&dir.join("changes/part-0.parquet"), changes);
-    }
+fn exits_two(args: &[&str], needles: &[&str]) {
+    refused(&run(args), needles);
 }
 
 /// The changelog form of `chunk` at `epoch`.
@@ -103,30 +46,8 @@ fn log(chunk: &StreamChunk, epoch: u64) -> RecordBatch {
     chunk.to_changelog(Some(epoch)).unwrap()
 }
 
-fn replay_args<'a>(dataset: &'a Path, out: &'a Path) -> Vec<&'a str> {
-    vec![
-        "replay",
-        path(dataset),
-        "--out",
-        path(out),
-        "--progress",
-        "none",
-    ]
-}
-
 fn small_dataset(dir: &Path) -> PathBuf {
-    let ds = dir.join("small");
-    ok(&[
-        "gen",
-        "synthetic",
-        "--out",
-        path(&ds),
-        "--scale",
-        "0.002",
-        "--epochs",
-        "3",
-    ]);
-    ds
+    synthetic(dir.join("small"), &["--scale", "0.002", "--epochs", "3"])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -174,7 +95,7 @@ fn bad_replay_options_exit_two_before_anything_is_touched() {
 fn bad_gen_options_exit_two() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
-    let o = path(&out);
+    let o = p(&out);
     let cases: [(&[&str], &[&str]); 12] = [
         (&["synthetic", "--scale", "0"], &["--scale"]),
         (&["synthetic", "--scale", "NaN"], &["--scale"]),
@@ -210,8 +131,8 @@ fn bad_gen_options_exit_two() {
     assert_eq!(std::fs::read(out.join("mine.txt")).unwrap(), b"keep");
     let file = out.join("mine.txt");
     exits_two(
-        &["gen", "synthetic", "--out", path(&file)],
-        &[path(&file), "not a directory"],
+        &["gen", "synthetic", "--out", p(&file)],
+        &[p(&file), "not a directory"],
     );
 }
 
@@ -228,7 +149,7 @@ fn gen_with_huge_epoch_counts_replays() {
             "gen",
             "synthetic",
             "--out",
-            path(&ds),
+            p(&ds),
             "--scale",
             "0.002",
             "--epochs",
@@ -246,7 +167,7 @@ fn gen_with_huge_epoch_counts_replays() {
 // ---------------------------------------------------------------------------------------------
 
 fn float_table(keys: &[f64], values: &[&str]) -> RecordBatch {
-    batch(
+    record_batch(
         vec![
             Field::new("f", DataType::Float64, false),
             Field::new("v", DataType::Utf8, false),
@@ -265,9 +186,9 @@ fn float_keys_use_sql_equality() {
 
     // 0.0 and -0.0 are one key: a duplicate in the snapshot.
     let ds = tmp.path().join("zeros");
-    dataset(
+    write_dataset(
         &ds,
-        manifest,
+        Some(manifest),
         &float_table(&[0.0, 1.0, -0.0], &["a", "b", "c"]),
         None,
     );
@@ -278,9 +199,9 @@ fn float_keys_use_sql_equality() {
     // So are two NaNs with different payloads.
     let ds = tmp.path().join("nans");
     let odd_nan = f64::from_bits(0x7FF0_0000_0000_0042);
-    dataset(
+    write_dataset(
         &ds,
-        manifest,
+        Some(manifest),
         &float_table(&[f64::NAN, odd_nan], &["a", "b"]),
         None,
     );
@@ -307,7 +228,7 @@ fn float_keys_use_sql_equality() {
         ],
     )
     .unwrap();
-    dataset(&ds, manifest, &snapshot, Some(&changes));
+    write_dataset(&ds, Some(manifest), &snapshot, Some(&changes));
     let out = tmp.path().join("o3");
     let mut args = replay_args(&ds, &out);
     args.push("--verify");
@@ -330,7 +251,7 @@ fn duplicate_and_reserved_column_names_exit_two() {
         ("epoch-mixed", "_Epoch"),
     ] {
         let ds = tmp.path().join(name);
-        let snapshot = batch(
+        let snapshot = record_batch(
             vec![
                 Field::new("k", DataType::Int64, false),
                 Field::new(other, DataType::Int64, false),
@@ -340,7 +261,7 @@ fn duplicate_and_reserved_column_names_exit_two() {
                 Arc::new(Int64Array::from(vec![3, 4])),
             ],
         );
-        dataset(&ds, manifest, &snapshot, None);
+        write_dataset(&ds, Some(manifest), &snapshot, None);
         exits_two(
             &replay_args(&ds, &tmp.path().join(format!("{name}.out"))),
             &["snapshot/part-0.parquet", &format!("`{other}`")],
@@ -380,573 +301,8 @@ fn skipped_files_are_named_in_a_warning() {
             text(&o)
         );
     }
-    let o = ok(&["verify", path(&ds), path(&tmp.path().join("out"))]);
+    let o = ok(&["verify", p(&ds), p(&tmp.path().join("out"))]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("_extra.parquet"));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Item 10: every accepted type reads back as itself
-// ---------------------------------------------------------------------------------------------
-
-/// A table with one column of every type the tool accepts, key `k`, and a NULL in every
-/// value column.
-fn all_types() -> RecordBatch {
-    use arrow_array::builder::{ListBuilder, StringBuilder};
-    use arrow_array::*;
-    use arrow_schema::{IntervalUnit, TimeUnit};
-    let n = 4;
-    let day = 86_400_000i64;
-    let mut list = ListBuilder::new(Int32Array::builder(0));
-    for i in 0..n {
-        if i == 2 {
-            list.append_null();
-        } else {
-            list.values().append_value(i);
-            list.values().append_null();
-            list.append(true);
-        }
-    }
-    let mut dict =
-        arrow_array::builder::StringDictionaryBuilder::<arrow_array::types::Int32Type>::new();
-    for s in [Some("x"), Some("y"), None, Some("x")] {
-        dict.append_option(s);
-    }
-    let strings = || vec![Some("a"), Some("ßé"), None, Some("")];
-    let bytes = || vec![Some(&b"\x00\xff"[..]), Some(b"b"), None, Some(b"")];
-    let mut sb = StringBuilder::new();
-    for s in strings() {
-        sb.append_option(s);
-    }
-    let struct_array = StructArray::from(vec![
-        (
-            Arc::new(Field::new("a", DataType::Int32, true)),
-            Arc::new(Int32Array::from(vec![Some(1), None, Some(3), Some(4)])) as ArrayRef,
-        ),
-        (
-            Arc::new(Field::new("b", DataType::Utf8, true)),
-            Arc::new(sb.finish()) as ArrayRef,
-        ),
-    ]);
-    let columns: Vec<(&str, ArrayRef)> = vec![
-        ("k", Arc::new(Int64Array::from(vec![3, 1, 4, 2]))),
-        (
-            "bool",
-            Arc::new(BooleanArray::from(vec![
-                Some(true),
-                Some(false),
-                None,
-                Some(true),
-            ])),
-        ),
-        (
-            "i8",
-            Arc::new(Int8Array::from(vec![
-                Some(i8::MIN),
-                Some(-1),
-                None,
-                Some(i8::MAX),
-            ])),
-        ),
-        (
-            "i16",
-            Arc::new(Int16Array::from(vec![
-                Some(i16::MIN),
-                Some(0),
-                None,
-                Some(i16::MAX),
-            ])),
-        ),
-        (
-            "i32",
-            Arc::new(Int32Array::from(vec![
-                Some(i32::MIN),
-                Some(7),
-                None,
-                Some(i32::MAX),
-            ])),
-        ),
-        (
-            "i64",
-            Arc::new(Int64Array::from(vec![
-                Some(i64::MIN),
-                Some(7),
-                None,
-                Some(i64::MAX),
-            ])),
-        ),
-        (
-            "u8",
-            Arc::new(UInt8Array::from(vec![
-                Some(0),
-                Some(1),
-                None,
-                Some(u8::MAX),
-            ])),
-        ),
-        (
-            "u16",
-            Arc::new(UInt16Array::from(vec![
-                Some(0),
-                Some(1),
-                None,
-                Some(u16::MAX),
-            ])),
-        ),
-        (
-            "u32",
-            Arc::new(UInt32Array::from(vec![
-                Some(0),
-                Some(1),
-                None,
-                Some(u32::MAX),
-            ])),
-        ),
-        (
-            "u64",
-            Arc::new(UInt64Array::from(vec![
-                Some(0),
-                Some(1),
-                None,
-                Some(u64::MAX),
-            ])),
-        ),
-        (
-            "f16",
-            Arc::new(Float16Array::from(vec![
-                Some(half_from_f32(1.5)),
-                Some(half_from_f32(-0.25)),
-                None,
-                Some(half_from_f32(0.0)),
-            ])),
-        ),
-        (
-            "f32",
-            Arc::new(Float32Array::from(vec![
-                Some(1.5),
-                Some(-0.0),
-                None,
-                Some(f32::MAX),
-            ])),
-        ),
-        (
-            "f64",
-            Arc::new(Float64Array::from(vec![
-                Some(1.5),
-                Some(-1e300),
-                None,
-                Some(f64::MIN_POSITIVE),
-            ])),
-        ),
-        ("utf8", Arc::new(StringArray::from(strings()))),
-        ("large_utf8", Arc::new(LargeStringArray::from(strings()))),
-        ("utf8_view", Arc::new(StringViewArray::from(strings()))),
-        ("binary", Arc::new(BinaryArray::from(bytes()))),
-        ("large_binary", Arc::new(LargeBinaryArray::from(bytes()))),
-        ("binary_view", Arc::new(BinaryViewArray::from(bytes()))),
-        (
-            "fixed",
-            Arc::new(
-                FixedSizeBinaryArray::try_from_sparse_iter_with_size(
-                    vec![Some(b"abc"), Some(b"\x00\x01\x02"), None, Some(b"zzz")].into_iter(),
-                    3,
-                )
-                .unwrap(),
-            ),
-        ),
-        (
-            "date32",
-            Arc::new(Date32Array::from(vec![
-                Some(18262),
-                Some(-1),
-                None,
-                Some(0),
-            ])),
-        ),
-        (
-            "date64",
-            Arc::new(Date64Array::from(vec![
-                Some(18262 * day),
-                Some(-day),
-                None,
-                Some(0),
-            ])),
-        ),
-        (
-            "time32_s",
-            Arc::new(Time32SecondArray::from(vec![
-                Some(0),
-                Some(86_399),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "time32_ms",
-            Arc::new(Time32MillisecondArray::from(vec![
-                Some(0),
-                Some(86_399_999),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "time64_us",
-            Arc::new(Time64MicrosecondArray::from(vec![
-                Some(0),
-                Some(86_399_999_999),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "time64_ns",
-            Arc::new(Time64NanosecondArray::from(vec![
-                Some(0),
-                Some(86_399_999_999_999),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "ts_s",
-            Arc::new(TimestampSecondArray::from(vec![
-                Some(0),
-                Some(1_577_836_800),
-                None,
-                Some(-1),
-            ])),
-        ),
-        (
-            "ts_ms_utc",
-            Arc::new(
-                TimestampMillisecondArray::from(vec![
-                    Some(0),
-                    Some(1_577_836_800_123),
-                    None,
-                    Some(-1),
-                ])
-                .with_timezone("UTC"),
-            ),
-        ),
-        (
-            "ts_us_tz",
-            Arc::new(
-                TimestampMicrosecondArray::from(vec![
-                    Some(0),
-                    Some(1_577_836_800_123_456),
-                    None,
-                    Some(-1),
-                ])
-                .with_timezone("+02:00"),
-            ),
-        ),
-        (
-            "ts_ns",
-            Arc::new(TimestampNanosecondArray::from(vec![
-                Some(0),
-                Some(1_577_836_800_123_456_789),
-                None,
-                Some(-1),
-            ])),
-        ),
-        (
-            "dur_s",
-            Arc::new(DurationSecondArray::from(vec![
-                Some(0),
-                Some(-5),
-                None,
-                Some(i64::MAX),
-            ])),
-        ),
-        (
-            "dur_ms",
-            Arc::new(DurationMillisecondArray::from(vec![
-                Some(0),
-                Some(5),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "dur_us",
-            Arc::new(DurationMicrosecondArray::from(vec![
-                Some(0),
-                Some(5),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "dur_ns",
-            Arc::new(DurationNanosecondArray::from(vec![
-                Some(0),
-                Some(5),
-                None,
-                Some(1),
-            ])),
-        ),
-        (
-            "dec128",
-            Arc::new(
-                Decimal128Array::from(vec![Some(12_345), Some(-1), None, Some(10i128.pow(20) - 1)])
-                    .with_precision_and_scale(20, 3)
-                    .unwrap(),
-            ),
-        ),
-        (
-            "dec256",
-            Arc::new(
-                Decimal256Array::from(vec![
-                    Some(arrow_buffer::i256::from_i128(12_345)),
-                    Some(arrow_buffer::i256::from_i128(-1)),
-                    None,
-                    Some(arrow_buffer::i256::from_i128(10i128.pow(30))),
-                ])
-                .with_precision_and_scale(40, 5)
-                .unwrap(),
-            ),
-        ),
-        (
-            "interval_ym",
-            Arc::new(IntervalYearMonthArray::from(vec![
-                Some(0),
-                Some(13),
-                None,
-                Some(-2),
-            ])),
-        ),
-        ("list_i32", Arc::new(list.finish())),
-        ("struct", Arc::new(struct_array)),
-        ("dict", Arc::new(dict.finish())),
-    ];
-    let _ = (IntervalUnit::YearMonth, TimeUnit::Second);
-    let fields: Vec<Field> = columns
-        .iter()
-        .map(|(name, c)| Field::new(*name, c.data_type().clone(), *name != "k"))
-        .collect();
-    batch(fields, columns.into_iter().map(|(_, c)| c).collect())
-}
-
-fn half_from_f32(
-    v: f32,
-) -> <arrow_array::types::Float16Type as arrow_array::ArrowPrimitiveType>::Native {
-    <arrow_array::types::Float16Type as arrow_array::ArrowPrimitiveType>::Native::from_f32(v)
-}
-
-/// The rows of every output file, without `_epoch` and `_op`, sorted by `k`.
-fn read_output(out: &Path, schema: &SchemaRef) -> RecordBatch {
-    let mut batches = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(out.join("changes"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    for file in files {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&file).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
-        for b in reader {
-            let b = b.unwrap();
-            let ops = b.column(1).as_primitive::<arrow_array::types::Int8Type>();
-            assert!(
-                ops.values().iter().all(|&op| op == 1),
-                "a snapshot replays as inserts"
-            );
-            let table = b
-                .project(&(2..b.num_columns()).collect::<Vec<_>>())
-                .unwrap();
-            batches.push(table);
-        }
-    }
-    let all = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
-    let order = arrow_ord::sort::sort_to_indices(all.column(0), None, None).unwrap();
-    let sorted = arrow_select::take::take_record_batch(&all, &order).unwrap();
-    RecordBatch::try_new(schema.clone(), sorted.columns().to_vec()).unwrap()
-}
-
-/// The rows of a Parquet file, sorted by its first column.
-fn read_sorted(file: &Path) -> RecordBatch {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(file).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
-    let schema = arrow_array::RecordBatchReader::schema(&reader);
-    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
-    let all = arrow_select::concat::concat_batches(&schema, &batches).unwrap();
-    let order = arrow_ord::sort::sort_to_indices(all.column(0), None, None).unwrap();
-    arrow_select::take::take_record_batch(&all, &order).unwrap()
-}
-
-/// The schema the output files read back with, without `_epoch` and `_op`.
-fn output_schema(out: &Path) -> SchemaRef {
-    let file = std::fs::read_dir(out.join("changes"))
-        .unwrap()
-        .next()
-        .unwrap();
-    let reader =
-        ParquetRecordBatchReaderBuilder::try_new(File::open(file.unwrap().path()).unwrap())
-            .unwrap();
-    let fields: Vec<_> = reader.schema().fields()[2..].to_vec();
-    Arc::new(Schema::new(fields))
-}
-
-/// Every accepted type reads back from the replay's output as the type and values it reads
-/// from the input, whether the input was written for other readers (`coerce_types`: Date64
-/// as a Parquet DATE, lists with `element` fields, as pyarrow writes) or as arrow-rs writes
-/// by default.
-#[test]
-fn every_accepted_type_round_trips() {
-    let tmp = tempfile::tempdir().unwrap();
-    for coerce in [true, false] {
-        let ds = tmp.path().join(format!("types-{coerce}"));
-        std::fs::create_dir_all(&ds).unwrap();
-        std::fs::write(
-            ds.join("dataset.json"),
-            r#"{"name": "types", "primary_key": ["k"]}"#,
-        )
-        .unwrap();
-        let props = WriterProperties::builder().set_coerce_types(coerce).build();
-        let snapshot = ds.join("snapshot/part-0.parquet");
-        write_with(&snapshot, &all_types(), Some(props));
-        let out = tmp.path().join(format!("out-{coerce}"));
-        let mut args = replay_args(&ds, &out);
-        args.push("--verify");
-        ok(&args);
-
-        let expected = read_sorted(&snapshot);
-        let got_schema = output_schema(&out);
-        let got = read_output(&out, &got_schema);
-        for (i, field) in expected.schema().fields().iter().enumerate() {
-            // Nested field names (a list's `item` or `element`) are not part of the type,
-            // for pyarrow as here: the output uses Parquet's `element`.
-            assert!(
-                got_schema
-                    .field(i)
-                    .data_type()
-                    .equals_datatype(field.data_type()),
-                "coerce {coerce}: column {} reads back as {}, not {}",
-                field.name(),
-                got_schema.field(i).data_type(),
-                field.data_type()
-            );
-            let got_column = arrow_cast::cast(got.column(i), field.data_type()).unwrap();
-            assert_eq!(
-                got_column.as_ref(),
-                expected.column(i).as_ref(),
-                "coerce {coerce}: column {} reads back with other values",
-                field.name()
-            );
-        }
-        if coerce {
-            check_with_other_readers(&snapshot, &out);
-        }
-    }
-}
-
-/// pyarrow and DuckDB, when installed, see the output as they see the input.
-fn check_with_other_readers(snapshot: &Path, out: &Path) {
-    let have_pyarrow = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_pyarrow {
-        eprintln!("pyarrow is not installed: the pyarrow and DuckDB checks are skipped");
-        return;
-    }
-    let script = r#"
-import glob, sys
-import pyarrow as pa, pyarrow.parquet as pq
-snapshot, out = sys.argv[1], sys.argv[2]
-inp = pq.read_table(snapshot)
-outp = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(out + "/changes/*.parquet"))])
-outp = outp.drop_columns(["_epoch", "_op"])
-import pyarrow.compute as pc
-def sorted_values(table, name):
-    column = table.column(name).combine_chunks()
-    # pyarrow has no take kernel for views: compare their plain forms.
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if pa.types.is_string_view(column.type):
-        column = column.cast(pa.string())
-    elif pa.types.is_binary_view(column.type):
-        column = column.cast(pa.binary())
-    return column.take(pc.sort_indices(table.column("k")))
-bad = []
-if inp.column_names != outp.column_names:
-    bad.append(f"pyarrow columns: {inp.column_names} vs {outp.column_names}")
-for name in inp.column_names:
-    a, b = inp.column(name), outp.column(name)
-    va, vb = sorted_values(inp, name), sorted_values(outp, name)
-    if a.type != b.type or not va.equals(vb):
-        bad.append(f"pyarrow {name}: {a.type} {va.to_string()} vs {b.type} {vb.to_string()}")
-try:
-    import duckdb
-except ImportError:
-    duckdb = None
-if duckdb is not None:
-    con = duckdb.connect()
-    def described(q):
-        return [(r[0], r[1]) for r in con.execute("DESCRIBE " + q).fetchall()]
-    i = described(f"SELECT * FROM read_parquet('{snapshot}')")
-    o = described(f"SELECT * EXCLUDE (_epoch, _op) FROM read_parquet('{out}/changes/*.parquet')")
-    if i != o:
-        bad.append(f"duckdb types: {i} vs {o}")
-    q = "SELECT * {} FROM read_parquet('{}') ORDER BY k"
-    ri = con.execute(q.format("", snapshot)).fetchall()
-    ro = con.execute(q.format("EXCLUDE (_epoch, _op)", out + "/changes/*.parquet")).fetchall()
-    if ri != ro:
-        bad.append(f"duckdb values: {ri} vs {ro}")
-print("\n".join(bad))
-sys.exit(1 if bad else 0)
-"#;
-    let o = Command::new("python3")
-        .args(["-c", script, path(snapshot), path(out)])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Item 12: only distribution-key columns must be hashable
-// ---------------------------------------------------------------------------------------------
-
-#[test]
-fn a_key_column_outside_the_distribution_key_need_not_be_hashable() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ds = tmp.path().join("fsb");
-    let snapshot = batch(
-        vec![
-            Field::new("a", DataType::Int64, false),
-            Field::new("b", DataType::FixedSizeBinary(2), false),
-        ],
-        vec![
-            Arc::new(Int64Array::from(vec![1, 1, 2])),
-            Arc::new(
-                FixedSizeBinaryArray::try_from_iter(vec![b"xy", b"zz", b"xy"].into_iter()).unwrap(),
-            ),
-        ],
-    );
-    dataset(
-        &ds,
-        r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["a"]}"#,
-        &snapshot,
-        None,
-    );
-    let out = tmp.path().join("out");
-    let mut args = replay_args(&ds, &out);
-    args.push("--verify");
-    ok(&args);
-    // Distributed by the unhashable column: refused, exit 2, naming it.
-    std::fs::write(
-        ds.join("dataset.json"),
-        r#"{"name": "t", "primary_key": ["a", "b"], "distribution_key": ["b"]}"#,
-    )
-    .unwrap();
-    exits_two(
-        &replay_args(&ds, &tmp.path().join("out2")),
-        &["`b`", "FixedSizeBinary"],
-    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-//! Test helpers over directory trees.
+//! Test helpers over directory trees: their files compared byte for byte, a durable
+//! store's files found.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,4 +22,16 @@ pub fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         }
     }
     files
+}
+
+/// The one manifest log (`LOG-*`) of a durable store's directory (there is one after a
+/// commit).
+pub fn log_file(dir: &Path) -> PathBuf {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("LOG-"))
+        .collect();
+    assert_eq!(logs.len(), 1, "one log in {}: {logs:?}", dir.display());
+    logs.pop().unwrap()
 }
