@@ -77,18 +77,41 @@ impl<S: StateStore> TableLoader<S> {
         self.rows
     }
 
-    /// Seals the rows at the epoch after the store's committed one and commits them (with
-    /// whatever values were staged with `StateStore::stage_meta`). The store may then be
-    /// compacted (`StateStore::compact`) before a backfill reads it.
-    pub fn commit(mut self) -> Result<Loaded> {
+    /// Seals the rows at the epoch after the store's committed one (the durable store
+    /// writes what it still buffers): the load's last step before its commit, which
+    /// [`SealedLoad::commit`] makes when the caller decides.
+    pub fn seal(mut self) -> Result<SealedLoad<S>> {
         let epoch = self.store.committed_epoch()?.map_or(1, |e| e + 1);
         self.table.seal(epoch)?;
-        drop(self.table);
-        self.store.commit(epoch)?;
-        Ok(Loaded {
-            rows: self.rows,
-            epoch,
+        Ok(SealedLoad {
+            store: self.store,
+            loaded: Loaded {
+                rows: self.rows,
+                epoch,
+            },
         })
+    }
+
+    /// Seals and commits the rows (with whatever values were staged with
+    /// `StateStore::stage_meta`). The store may then be compacted (`StateStore::compact`)
+    /// before a backfill reads it.
+    pub fn commit(self) -> Result<Loaded> {
+        self.seal()?.commit()
+    }
+}
+
+/// A load sealed and not yet committed ([`TableLoader::seal`]).
+#[derive(Debug)]
+pub struct SealedLoad<S: StateStore> {
+    store: S,
+    loaded: Loaded,
+}
+
+impl<S: StateStore> SealedLoad<S> {
+    /// Commits the load (with whatever values were staged with `StateStore::stage_meta`).
+    pub fn commit(self) -> Result<Loaded> {
+        self.store.commit(self.loaded.epoch)?;
+        Ok(self.loaded)
     }
 }
 

@@ -58,7 +58,8 @@ use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID,
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{
-    BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, TableDigest, TableLoader,
+    BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, SealedLoad, TableDigest,
+    TableLoader,
 };
 use crate::replay::Dataset;
 use crate::replay::SnapshotFeed;
@@ -710,7 +711,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         dataset: Dataset,
         feed: Option<SnapshotFeed>,
         stop: Arc<AtomicBool>,
-    ) -> Result<TableLoader<S>> {
+    ) -> Result<SealedLoad<S>> {
         let mut loader = TableLoader::create(&store, desc)?;
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
         let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
@@ -726,7 +727,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             }
             loader.write(batch?)?;
         }
-        Ok(loader)
+        loader.seal()
     }
 
     fn state_dir(&self) -> PathBuf {
