@@ -18,12 +18,27 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrangement_backfill::job::ColumnParallelWriter;
+// The sink's column writer is the command-line tool's (in the binary target): its source
+// files are compiled into this bench, with the tool's error type they use.
+#[path = "../src/bin/backfill/job/column_writer.rs"]
+#[allow(dead_code, unused_imports)]
+mod column_writer;
+#[path = "../src/bin/backfill/error.rs"]
+#[allow(dead_code, unused_imports)]
+mod error;
+#[path = "../src/bin/backfill/job/lanes.rs"]
+#[allow(dead_code, unused_imports)]
+mod lanes;
+mod job {
+    pub(crate) use crate::lanes;
+}
+
 use arrow_array::{
     ArrayRef, Date32Array, Decimal128Array, Int8Array, Int32Array, Int64Array, RecordBatch,
     StringViewArray, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use column_writer::ColumnParallelWriter;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};

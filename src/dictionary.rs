@@ -198,7 +198,7 @@ fn too_many_values(field: &Field, values: &ArrayRef) -> Error {
 /// read a Parquet file of `schema` with, whose reader would otherwise pack the values of a
 /// batch spanning row groups (each with a dictionary of its own) into the narrow keys, and
 /// panic when they do not fit.
-pub(crate) fn widened_schema(schema: &Schema) -> Option<SchemaRef> {
+pub fn widened_schema(schema: &Schema) -> Option<SchemaRef> {
     if !(schema.fields().iter()).any(|f| has_narrow_dictionary(f.data_type())) {
         return None;
     }
@@ -214,7 +214,7 @@ pub(crate) fn widened_schema(schema: &Schema) -> Option<SchemaRef> {
 /// `column`, of `field`'s type with wider dictionary keys ([`widened_schema`]), in `field`'s
 /// type: the keys narrowed where the dictionary fits them, else its values encoded again,
 /// each distinct value once; an error naming the column when they do not fit.
-pub(crate) fn narrowed(field: &Field, column: &ArrayRef) -> Result<ArrayRef> {
+pub fn narrowed(field: &Field, column: &ArrayRef) -> Result<ArrayRef> {
     let data_type = field.data_type();
     if column.data_type() == data_type {
         return Ok(column.clone());
@@ -253,7 +253,7 @@ pub(crate) fn interleave(
 
 /// The rows of `batches` (of `schema`) one after another: arrow's `concat_batches`,
 /// dictionaries with narrow keys merged (see the module).
-pub(crate) fn concat_batches<'a>(
+pub fn concat_batches<'a>(
     schema: &SchemaRef,
     batches: impl IntoIterator<Item = &'a RecordBatch>,
 ) -> Result<RecordBatch> {

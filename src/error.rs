@@ -1,4 +1,4 @@
-//! The crate's one error type.
+//! The engine's error type (the command-line tool has its own, which wraps this one).
 //!
 //! Every fallible function returns [`Result`]. Messages say *what* went wrong and *where*
 //! (table, vnode, epoch, column, file, row) so that a user can act on them without a debugger.
@@ -155,29 +155,6 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// A dataset (docs/DESIGN.md section 10.1) or a replay's output that is malformed or
-    /// inconsistent: a missing or malformed manifest, an unreadable Parquet file, a NULL or
-    /// duplicate key, an unknown op, a decreasing epoch, a lone update half, a delete of an
-    /// absent row, ...
-    #[error(
-        "{}: {}{message}{}",
-        .path.display(),
-        location_prefix(.location),
-        source_suffix(.source.as_deref())
-    )]
-    Dataset {
-        /// The file at fault (or the dataset directory).
-        path: std::path::PathBuf,
-        /// Where in the file: `"row 17"`, `"epoch 5, row 3"`, or empty when it is the whole
-        /// file. Rows are counted from 0 within the file.
-        location: String,
-        /// What is wrong.
-        message: String,
-        /// The error underneath, when there is one (a Parquet decoding error, for example);
-        /// also printed after the message.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
     /// A directory is locked by another process (or another store in this one).
     #[error("{}: in use by {holder}; wait for it to finish or stop it first", .path.display())]
     Locked {
@@ -186,62 +163,15 @@ pub enum Error {
         /// Who holds it, as far as known (`process 1234`).
         holder: String,
     },
-    /// A state directory that belongs to another job (another dataset, key or vnode count).
-    #[error("{}: {message}", .path.display())]
-    StateConflict {
-        /// The state directory.
-        path: std::path::PathBuf,
-        /// What differs.
-        message: String,
-    },
-    /// The job was stopped by a signal; committed checkpoints stay and the job resumes from
-    /// them when run again.
-    #[error(
-        "interrupted by {signal}: {}; run the same command again to resume",
-        match .committed {
-            Some(e) => format!("the state is committed up to epoch {e}"),
-            None => "nothing was committed by this run".to_string(),
-        }
-    )]
-    Interrupted {
-        /// The signal's name.
-        signal: &'static str,
-        /// The exit status to use (128 + the signal number).
-        code: u8,
-        /// The committed epoch at the stop.
-        committed: Option<u64>,
-    },
-    /// The completion certificate failed: per vnode, the output does not net to the table the
-    /// dataset ends with. The output is left as it is for inspection; the command-line tool
-    /// exits with status 3.
-    #[error("{}: certificate MISMATCH: {message}", .out.display())]
-    CertificateMismatch {
-        /// The output directory.
-        out: std::path::PathBuf,
-        /// Which vnodes differ, and by how much.
-        message: String,
-    },
     /// An earlier I/O failure left the store's on-disk state unknown: reopen it.
     #[error("the store failed and must be reopened: {0}")]
     StoreFailed(String),
-    /// A scratch file of an external sort (validation, verification) could not be created,
-    /// written or read: a missing scratch directory, a full disk, ...
-    #[error("scratch file {}: {source}", .path.display())]
-    Scratch {
-        /// The scratch file or directory.
-        path: std::path::PathBuf,
-        /// What failed.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// A sink ([`ExactlyOnceSink`](crate::ExactlyOnceSink)) failed: its own error, boxed.
+    #[error("{0}")]
+    Sink(Box<dyn std::error::Error + Send + Sync>),
     /// A broken internal invariant: a bug in this crate.
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-/// `": {source}"`, or nothing without a source.
-fn source_suffix(source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
-    source.map(|e| format!(": {e}")).unwrap_or_default()
 }
 
 /// An [`Error::Internal`] with a `format!` message: `internal!("vnode {vnode} vanished")`.
@@ -264,47 +194,25 @@ impl From<Error> for ArrowError {
     }
 }
 
-/// `"{location}: "`, or nothing for an empty location.
-fn location_prefix(location: &str) -> String {
-    if location.is_empty() {
-        String::new()
-    } else {
-        format!("{location}: ")
-    }
-}
-
 impl Error {
-    /// True for errors caused by bad input (a dataset, a table definition, a chunk, an
-    /// option out of range, messages out of order) rather than by the system: the
-    /// command-line tool exits with status 2 for these, 1 otherwise.
+    /// True for errors caused by bad input (a table definition, a chunk, an upstream change,
+    /// an option out of range, messages out of order, a locked or corrupt store) rather than
+    /// by the system: the caller's to fix.
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            Error::Dataset { .. }
-                | Error::SchemaMismatch { .. }
+            Error::SchemaMismatch { .. }
                 | Error::UnknownColumn { .. }
                 | Error::InvalidChunk(_)
                 | Error::InvalidValue { .. }
                 | Error::UnsupportedType { .. }
                 | Error::CorruptState { .. }
                 | Error::Locked { .. }
-                | Error::StateConflict { .. }
                 | Error::InvalidConfig(_)
                 | Error::Protocol(_)
                 | Error::BadChange { .. }
                 | Error::JobDefinition { .. }
         )
-    }
-
-    /// The command-line exit status for this error: 2 for bad input, 3 for a completion
-    /// certificate mismatch, 128 + the signal for an interruption, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Interrupted { code, .. } => *code,
-            Error::CertificateMismatch { .. } => 3,
-            e if e.is_bad_input() => 2,
-            _ => 1,
-        }
     }
 
     /// An [`Error::File`]: `source` happened on `path`.
@@ -326,82 +234,11 @@ impl Error {
             ),
         }
     }
-
-    /// An [`Error::Scratch`] error.
-    pub fn scratch(
-        path: impl Into<std::path::PathBuf>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Error::Scratch {
-            path: path.into(),
-            source: source.into(),
-        }
-    }
-
-    /// An [`Error::Dataset`] error.
-    pub fn dataset(
-        path: impl Into<std::path::PathBuf>,
-        location: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        Error::Dataset {
-            path: path.into(),
-            location: location.into(),
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// An [`Error::Dataset`] error caused by `source` (kept as the error's source, and
-    /// printed after `message`).
-    pub fn dataset_caused_by(
-        path: impl Into<std::path::PathBuf>,
-        location: impl Into<String>,
-        message: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Error::Dataset {
-            path: path.into(),
-            location: location.into(),
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dataset_error_names_file_and_location() {
-        let e = Error::dataset(
-            "/d/changes/a.parquet",
-            "epoch 5, row 3",
-            "unknown op code 9",
-        );
-        assert_eq!(
-            e.to_string(),
-            "/d/changes/a.parquet: epoch 5, row 3: unknown op code 9"
-        );
-        let e = Error::dataset("/d/dataset.json", "", "missing");
-        assert_eq!(e.to_string(), "/d/dataset.json: missing");
-        assert!(e.is_bad_input());
-        assert!(!Error::Internal("x".into()).is_bad_input());
-    }
-
-    #[test]
-    fn dataset_errors_keep_their_parquet_source() {
-        let source = ParquetError::General("bad footer".into());
-        let e = Error::dataset_caused_by("/d/x.parquet", "", "unreadable Parquet file", source);
-        assert_eq!(
-            e.to_string(),
-            "/d/x.parquet: unreadable Parquet file: Parquet error: bad footer"
-        );
-        let inner = std::error::Error::source(&e).expect("a source");
-        assert!(inner.downcast_ref::<ParquetError>().is_some());
-        assert!(e.is_bad_input());
-    }
 
     #[test]
     fn errors_become_arrow_errors() {

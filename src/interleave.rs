@@ -29,7 +29,7 @@ use arrow_select::interleave::interleave_record_batch;
 use crate::error::{Result, internal};
 
 /// The rows `(batch, row)` of `batches`, in order, as one batch of their schema.
-pub(crate) fn interleave_batches(
+pub fn interleave_batches(
     batches: &[&RecordBatch],
     indices: &[(usize, usize)],
 ) -> Result<RecordBatch> {

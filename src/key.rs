@@ -431,7 +431,7 @@ pub(crate) fn first_unordered(keys: &BinaryArray) -> Option<usize> {
 ///
 /// A cheap runtime check on every snapshot batch: storage order and comparator order must
 /// agree, or the backfill would silently skip or duplicate rows.
-pub(crate) fn first_unordered_in(keys: &BinaryArray, start: usize, len: usize) -> Option<usize> {
+pub fn first_unordered_in(keys: &BinaryArray, start: usize, len: usize) -> Option<usize> {
     (start + 1..start + len)
         .find(|&i| keys.value(i - 1) >= keys.value(i))
         .map(|i| i - start)
@@ -444,10 +444,11 @@ pub(crate) fn first_unordered_in(keys: &BinaryArray, start: usize, len: usize) -
 ///
 /// `a < b` for two prefixes means the same for their keys; equal prefixes say nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct KeyPrefix([u64; 2]);
+pub struct KeyPrefix([u64; 2]);
 
 impl KeyPrefix {
-    pub(crate) fn of(key: &[u8]) -> Self {
+    /// The prefix of the encoded key `key`.
+    pub fn of(key: &[u8]) -> Self {
         let mut bytes = [0u8; 16];
         let n = key.len().min(16);
         bytes[..n].copy_from_slice(&key[..n]);

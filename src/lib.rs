@@ -128,26 +128,30 @@
 //! - [`merge`]: the k-way merge of per-vnode snapshot streams.
 //! - [`backfill`]: progress, the upstream filter, the I/O-free core, the async executor and
 //!   the no-shuffle baseline (and, with the `testing` feature, the row-at-a-time reference).
-//! - [`replay`]: datasets (manifest, Parquet snapshot and changelog), validation, generators
-//!   (feature `cli`) and output verification.
-//! - [`job`]: the embedders' [`BackfillJob`] and the replay job of the command-line tool.
+//! - [`job`]: the job ([`BackfillJob`]), its upstream checks, loading a table, the exactly-once
+//!   sink interface, and the parallel runtime underneath.
+//! - [`dictionary`], [`interleave`]: gathers of rows that keep narrow dictionary keys working.
+//!
+//! The command-line tool (`backfill`: datasets, replay, verify, gen, its Parquet sink and
+//! completion certificate) is the binary target (`src/bin/backfill/`), built on this public
+//! API only.
 //!
 //! ## Cargo features
-//! - `cli` (default): the `backfill` command-line tool and the dataset generators (`clap`,
-//!   `indicatif`, `tpchgen`, `rand`). `default-features = false` builds the engine alone.
+//! - `cli` (default): the `backfill` command-line tool (the binary target) and its dataset
+//!   generators (`clap`, `indicatif`, `tpchgen`, `rand`). `default-features = false` builds the
+//!   engine alone.
 //! - `testing`: the row-at-a-time reference backfill and test helpers, for tests and
 //!   benchmarks; not a stable API.
 
 pub mod backfill;
 pub mod chunk;
-mod dictionary;
+pub mod dictionary;
 mod error;
 mod ffi;
-mod interleave;
+pub mod interleave;
 pub mod job;
 pub mod key;
 pub mod merge;
-pub mod replay;
 mod runs;
 pub mod store;
 pub mod table;

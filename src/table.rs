@@ -231,7 +231,7 @@ pub(crate) fn same_fields(a: &Schema, b: &Schema) -> bool {
 }
 
 /// The first column name that `schema` has twice, if any.
-pub(crate) fn first_duplicate_name(schema: &Schema) -> Option<&str> {
+pub fn first_duplicate_name(schema: &Schema) -> Option<&str> {
     let fields = schema.fields();
     fields
         .iter()
@@ -241,7 +241,7 @@ pub(crate) fn first_duplicate_name(schema: &Schema) -> Option<&str> {
 }
 
 /// `name: Type, ...`, a short schema description for error messages.
-pub(crate) fn describe(schema: &Schema) -> String {
+pub fn describe(schema: &Schema) -> String {
     let fields: Vec<String> = schema
         .fields()
         .iter()

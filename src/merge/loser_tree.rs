@@ -42,14 +42,14 @@
 //! [`select_unpredictable`]: std::hint::select_unpredictable
 
 /// What a [`LoserTree`] node holds: a small value picked between two without a branch.
-pub(crate) trait Entry: Copy {
+pub trait Entry: Copy {
     /// `a` if `condition`, else `b`, as a conditional move.
     fn select(condition: bool, a: Self, b: Self) -> Self;
 }
 
 /// A loser tree over `k` inputs. See the module docs.
 #[derive(Debug)]
-pub(crate) struct LoserTree<E> {
+pub struct LoserTree<E> {
     /// `nodes[0]` is the winner, `nodes[1..k]` the losers of the internal nodes.
     nodes: Vec<E>,
 }

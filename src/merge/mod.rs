@@ -94,7 +94,7 @@ pub(crate) mod testing;
 
 pub use cursor::CursorKind;
 pub use kway::KWayMerge;
-pub(crate) use loser_tree::{Entry, LoserTree};
+pub use loser_tree::{Entry, LoserTree};
 pub use patch::{Patch, PatchLedger};
 pub use round_robin::RoundRobin;
 

@@ -379,7 +379,7 @@ mod tests {
             matches!(&err, Error::InvalidValue { column, .. } if column == "s"),
             "{err:?}"
         );
-        assert_eq!(err.exit_code(), 2);
+        assert!(err.is_bad_input());
         assert!(err.to_string().contains("durable store"), "{err}");
         // Within the limit, or another error: passed on as it is.
         assert!(matches!(

@@ -26,9 +26,8 @@ mod scatter;
 
 pub(crate) use self::build::{build_pending_runs, build_pending_sliced_runs, build_sliced_runs};
 pub(crate) use self::merged::{MergeReader, assemble, compact, newest_tier};
-pub(crate) use self::run::{
-    Rows, Run, RunList, SEGMENT_ROWS, Views, gc_views, partition_point, push_joined,
-};
+pub use self::run::gc_views;
+pub(crate) use self::run::{Rows, Run, RunList, SEGMENT_ROWS, Views, partition_point, push_joined};
 
 use std::sync::Arc;
 

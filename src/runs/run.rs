@@ -279,7 +279,7 @@ pub(crate) fn push_joined(pieces: &mut Vec<Run>, piece: Run) {
 /// (views point into them), and concatenation appends the inputs' buffer lists. A segment
 /// rewritten commit after commit would pile up references (and memory) without bound, so
 /// every batch the store keeps holds its own copy of just the bytes it uses.
-pub(crate) fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
+pub fn gc_views(batch: RecordBatch) -> Result<RecordBatch> {
     let needs_gc = batch
         .columns()
         .iter()

@@ -77,7 +77,7 @@ pub trait StorageIo: Send + Sync + fmt::Debug + 'static {
 }
 
 /// Adds the path to an I/O error's message.
-pub(crate) fn named(path: &Path, e: io::Error) -> io::Error {
+pub fn named(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 

@@ -35,7 +35,7 @@ pub mod io;
 mod memory;
 mod rules;
 
-pub use crate::runs::{KeyedBatch, ScanRows};
+pub use crate::runs::{KeyedBatch, ScanRows, gc_views};
 pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
 

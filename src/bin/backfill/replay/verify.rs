@@ -30,8 +30,8 @@ use super::changelog::ChangelogReader;
 use super::dataset::{CHANGES_DIR, Dataset};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use crate::error::{Error, Result};
+use crate::job::output::lock_output_to_read;
 use crate::job::output_files;
-use crate::job::replay::lock_output_to_read;
 use crate::vnode::VnodeCount;
 
 /// Rows per batch read during verification.
@@ -53,6 +53,7 @@ pub struct VerifyReport {
 /// directory (`TMPDIR`, removed afterwards) with the default memory budget. The output is
 /// locked meanwhile ([`lock_output_to_read`]): one a replay is writing is refused with
 /// [`Error::Locked`].
+#[cfg(test)]
 pub fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
     verify_with(
         dataset,
@@ -245,6 +246,7 @@ mod tests {
 
     use super::*;
     use crate::chunk::StreamChunk;
+    use crate::error::EngineError;
     use crate::replay::testing::{
         MANIFEST, changes, dataset, log, random_dataset_text, rows, split, write_batch,
     };
@@ -331,13 +333,16 @@ mod tests {
         let ds_dir = dataset(MANIFEST, &[rows(SNAPSHOT)], &[log(CHANGES)]);
         let ds = Dataset::open(ds_dir.path()).unwrap();
         let out = output(&correct());
-        let lock_file = out.path().join(crate::job::replay::OUT_LOCK_FILE);
+        let lock_file = out.path().join(crate::job::output::OUT_LOCK_FILE);
         let replay = crate::store::durable::DirLock::acquire_file(&lock_file).unwrap();
         for err in [
             verify(&ds, out.path()).unwrap_err(),
             crate::job::certify_output(&ds, out.path()).unwrap_err(),
         ] {
-            assert!(matches!(err, Error::Locked { .. }), "{err}");
+            assert!(
+                matches!(err, Error::Engine(EngineError::Locked { .. })),
+                "{err}"
+            );
             assert!(err.to_string().contains(".lock"), "{err}");
             assert!(
                 err.to_string().contains(&std::process::id().to_string()),

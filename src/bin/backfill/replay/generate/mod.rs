@@ -140,34 +140,32 @@ fn check_options(kind: &GenKind, opts: &GenOptions) -> Result<()> {
     let per_scale = rows_per_scale(kind);
     let max_scale = MAX_GEN_ROWS as f64 / per_scale;
     if !(opts.scale.is_finite() && opts.scale > 0.0) {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "scale must be a positive number, got {}",
             opts.scale
         )));
     }
     if opts.scale > max_scale {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "scale {} would make about {:.0} rows; gen holds the table in memory and makes at most {MAX_GEN_ROWS} (scale {max_scale} for this kind)",
             opts.scale,
             opts.scale * per_scale
         )));
     }
     if !matches!(kind, GenKind::Synthetic { .. }) && opts.scale < MIN_TPCH_SCALE {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "TPC-H scale {} is below the smallest, {MIN_TPCH_SCALE} (one supplier)",
             opts.scale
         )));
     }
     if opts.changes > MAX_GEN_ROWS {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "{} changes is more than gen makes, {MAX_GEN_ROWS} (it holds them in memory)",
             opts.changes
         )));
     }
     if opts.changes > 0 && opts.epochs == 0 {
-        return Err(Error::InvalidConfig(
-            "changes need at least one epoch".into(),
-        ));
+        return Err(Error::config("changes need at least one epoch".into()));
     }
     Ok(())
 }
@@ -190,7 +188,7 @@ pub fn generate(kind: &GenKind, out: &Path, opts: &GenOptions) -> Result<Dataset
         Ok(meta) if meta.is_dir() => {
             let mut entries = std::fs::read_dir(out).map_err(|e| Error::file(out, e))?;
             if entries.next().is_some() {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::config(format!(
                     "output directory {} exists and is not empty",
                     out.display()
                 )));
@@ -198,7 +196,7 @@ pub fn generate(kind: &GenKind, out: &Path, opts: &GenOptions) -> Result<Dataset
             true
         }
         Ok(_) => {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::config(format!(
                 "output {} exists and is not a directory",
                 out.display()
             )));

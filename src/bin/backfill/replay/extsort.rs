@@ -51,9 +51,9 @@ use rayon::slice::ParallelSliceMut;
 
 use super::scratch::ScratchDir;
 use crate::error::{Error, Result, internal};
-use crate::interleave::interleave_batches;
 use crate::key::{KeyPrefix, PrimaryKey};
 use crate::merge::{Entry, LoserTree};
+use arrangement_backfill::interleave::interleave_batches;
 
 /// The default memory budget of [`Dataset::validate`](super::Dataset::validate) and
 /// [`super::verify`]: 64 MiB.
@@ -423,7 +423,7 @@ fn sorted_order(keys: &[BinaryArray]) -> Result<Vec<(u32, u32)>> {
 }
 
 fn encode_all(key: &PrimaryKey, batches: &[RecordBatch]) -> Result<Vec<BinaryArray>> {
-    batches.iter().map(|b| key.encode(b)).collect()
+    batches.iter().map(|b| Ok(key.encode(b)?)).collect()
 }
 
 /// Rows `order` of `batches` as one batch.
@@ -433,7 +433,7 @@ fn gather(batches: &[RecordBatch], order: &[(u32, u32)]) -> Result<RecordBatch> 
         .iter()
         .map(|&(b, r)| (b as usize, r as usize))
         .collect();
-    interleave_batches(&refs, &indices)
+    Ok(interleave_batches(&refs, &indices)?)
 }
 
 /// A run whose rows came in key order, its file still open: the next buffer extends it if
@@ -545,7 +545,7 @@ fn last_key(keys: &[BinaryArray]) -> Option<&[u8]> {
 fn join(schema: &SchemaRef, pieces: &[RecordBatch]) -> Result<RecordBatch> {
     match pieces {
         [piece] => Ok(piece.clone()),
-        _ => crate::dictionary::concat_batches(schema, pieces),
+        _ => Ok(crate::dictionary::concat_batches(schema, pieces)?),
     }
 }
 
@@ -613,7 +613,7 @@ impl RunWriter {
 /// them), and the IPC writer writes each batch's buffers whole: without this, every spilled
 /// batch of a run would carry the whole run's strings.
 fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
-    crate::runs::gc_views(batch.clone())
+    Ok(crate::store::gc_views(batch.clone())?)
 }
 
 /// Sorted batches: straight from memory, or merged from runs on disk.
@@ -1063,7 +1063,10 @@ mod tests {
             SortConfig::for_budget(1 << 20),
         );
         let other = batch(&[(1, "a".into(), 0)]).project(&[0, 1]).unwrap();
-        assert!(matches!(sorter.push(other), Err(Error::Internal(_))));
+        assert!(matches!(
+            sorter.push(other),
+            Err(Error::Engine(crate::error::EngineError::Internal(_)))
+        ));
     }
 
     #[test]

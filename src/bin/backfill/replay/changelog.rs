@@ -268,7 +268,7 @@ impl ChangelogReader {
                 format!("rows do not fit the dataset schema: {e}"),
             )
         })?;
-        let data = super::dataset::canonical_key_floats(data, &self.canonical_floats);
+        let data = canonical_key_floats(data, &self.canonical_floats);
         Ok(ChangelogRows {
             path,
             first_row,
@@ -310,4 +310,18 @@ impl Iterator for ChangelogReader {
             }
         }
     }
+}
+/// `batch` with its float key columns (`float_keys`) in canonical form.
+pub(crate) fn canonical_key_floats(batch: RecordBatch, float_keys: &[usize]) -> RecordBatch {
+    if float_keys.is_empty() {
+        return batch;
+    }
+    let mut columns = batch.columns().to_vec();
+    for &i in float_keys {
+        if let Some(column) = columns.get_mut(i) {
+            *column = crate::key::canonical_floats(column);
+        }
+    }
+    // Same schema, same lengths and types: cannot fail; keep the original if it does.
+    RecordBatch::try_new(batch.schema(), columns).unwrap_or(batch)
 }

@@ -2,15 +2,13 @@
 //! descending keys, NULL values, empty and one-row tables, many tiny epochs) replayed with
 //! random options on both stores, each output checked by `verify`.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::job::replay::{ReplayOptions, RescalePoint, StateChoice, run_replay};
+use crate::replay::{Dataset, verify};
 use arrangement_backfill::backfill::SnapshotOrder;
-use arrangement_backfill::job::replay::{ReplayOptions, RescalePoint, StateChoice, run_replay};
-use arrangement_backfill::replay::{Dataset, verify};
 use arrangement_backfill::vnode::VnodeCount;
 use arrow_array::{
     ArrayRef, Float64Array, Int8Array, Int32Array, Int64Array, RecordBatch, StringArray,
@@ -20,7 +18,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use common::dataset::write_parquet;
+use super::common_dataset::write_parquet;
 
 /// A key: (first column as i64 seed, second column seed for composite keys).
 type Key = (i64, i64);

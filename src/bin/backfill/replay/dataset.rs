@@ -25,12 +25,11 @@ use std::path::{Path, PathBuf};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use super::changelog::{self, ChangelogReader, ChangelogRows};
+use super::changelog::{self, ChangelogReader, ChangelogRows, canonical_key_floats};
 use super::files;
 use super::manifest::{MANIFEST_FILE, Manifest};
 use crate::chunk::{EPOCH_COLUMN, OP_COLUMN, Op, StreamChunk};
 use crate::error::{Error, Result};
-use crate::key::canonical_floats;
 use crate::table::{TableDesc, describe, first_duplicate_name};
 use crate::vnode::VnodeCount;
 
@@ -319,21 +318,6 @@ fn check_column_names(path: &Path, schema: &arrow_schema::Schema) -> Result<()> 
 /// names without case (DuckDB) would see two columns of one name and rename one.
 fn is_reserved(name: &str) -> bool {
     name.eq_ignore_ascii_case(OP_COLUMN) || name.eq_ignore_ascii_case(EPOCH_COLUMN)
-}
-
-/// `batch` with its float key columns (`float_keys`) in canonical form.
-pub(crate) fn canonical_key_floats(batch: RecordBatch, float_keys: &[usize]) -> RecordBatch {
-    if float_keys.is_empty() {
-        return batch;
-    }
-    let mut columns = batch.columns().to_vec();
-    for &i in float_keys {
-        if let Some(column) = columns.get_mut(i) {
-            *column = canonical_floats(column);
-        }
-    }
-    // Same schema, same lengths and types: cannot fail; keep the original if it does.
-    RecordBatch::try_new(batch.schema(), columns).unwrap_or(batch)
 }
 
 struct SnapshotReader {

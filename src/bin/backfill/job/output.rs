@@ -34,8 +34,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::job::sink::{file_name, parse_name, tmp_name};
+use crate::error::{EngineError, Error, Result};
+use crate::store::durable::DirLock;
 use crate::store::io::{StorageIo, named};
 
 /// The output's job record, in the output directory.
@@ -91,7 +91,7 @@ impl Place {
                             Err(e) if meta.file_type().is_symlink() => {
                                 let target = std::fs::read_link(&next)
                                     .map_or_else(|_| "?".into(), |t| t.display().to_string());
-                                return Err(Error::InvalidConfig(format!(
+                                return Err(Error::config(format!(
                                     "{} is a symbolic link to {target}, which cannot be \
                                      followed ({e})",
                                     path_shown(path, &next)
@@ -105,7 +105,7 @@ impl Place {
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
                             // An ancestor is a file.
-                            return Err(Error::InvalidConfig(format!(
+                            return Err(Error::config(format!(
                                 "{}: {} is not a directory",
                                 path.display(),
                                 resolved.display()
@@ -166,7 +166,7 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
     let data = Place::of(dataset)?;
     let out_place = Place::of(out)?;
     if out_place.overlaps(&data) {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "the output directory {} overlaps the dataset directory {}: the replay would write \
              into (or clean up) its input; choose an --out outside the dataset",
             path_shown(out, &out_place.path),
@@ -176,7 +176,7 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
     if out_place.exists {
         let meta = std::fs::metadata(&out_place.path).map_err(|e| named(out, e))?;
         if !meta.is_dir() {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::config(format!(
                 "--out {} is not a directory (it is {}): give a directory to write the output into",
                 path_shown(out, &out_place.path),
                 file_kind(&meta)
@@ -185,14 +185,14 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
         let changes = out_place.path.join(CHANGES_DIR);
         if let Ok(meta) = std::fs::symlink_metadata(&changes) {
             if meta.file_type().is_symlink() {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::config(format!(
                     "{} is a symbolic link: the replay never follows a link out of its output \
                      directory (its cleanup would remove files elsewhere); make it a directory",
                     changes.display()
                 )));
             }
             if !meta.is_dir() {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::config(format!(
                     "{} is not a directory (it is {}); the output files go there",
                     changes.display(),
                     file_kind(&meta)
@@ -203,7 +203,7 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
     if let Some(state) = state {
         let state_place = Place::of(state)?;
         if state_place.overlaps(&data) {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::config(format!(
                 "the state directory {} overlaps the dataset directory {}: the store's files \
                  would land in the input; choose a --state outside the dataset",
                 path_shown(state, &state_place.path),
@@ -215,7 +215,7 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
             || out_place.is_within(&state_place)
             || changes.is_within(&state_place)
         {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::config(format!(
                 "the state directory {} and the output directory {} overlap (the state may be \
                  a directory inside the output, such as the default OUT/state, but not the \
                  output itself, nor inside OUT/changes, nor contain it)",
@@ -226,7 +226,7 @@ pub(crate) fn check_places(dataset: &Path, out: &Path, state: Option<&Path>) -> 
         if state_place.exists {
             let meta = std::fs::metadata(&state_place.path).map_err(|e| named(state, e))?;
             if !meta.is_dir() {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::config(format!(
                     "--state {} is not a directory (it is {})",
                     path_shown(state, &state_place.path),
                     file_kind(&meta)
@@ -318,14 +318,14 @@ impl JobRecord {
             return Ok(None);
         }
         let bytes = io.read(&path)?;
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::CorruptState {
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Error::Engine(EngineError::CorruptState {
                 context: path.display().to_string(),
                 message: format!(
                     "unreadable job record ({e}); remove the output directory or use --fresh"
                 ),
             })
+        })
     }
 
     /// Writes it durably into `out` (a new file renamed over the old one).
@@ -431,7 +431,7 @@ pub(crate) fn check_committed_files(
     let conflict = |path: PathBuf, message: String| Error::StateConflict { path, message };
     for (&epoch, &(published, _)) in &names {
         if epoch > committed && published {
-            return Err(Error::CorruptState {
+            return Err(Error::Engine(EngineError::CorruptState {
                 context: state.display().to_string(),
                 message: format!(
                     "{} is published, so its checkpoint {epoch} committed, but the state's last \
@@ -440,7 +440,7 @@ pub(crate) fn check_committed_files(
                      to start over",
                     dir.join(file_name(epoch)).display()
                 ),
-            });
+            }));
         }
         if epoch <= committed && published && !recorded.contains_key(&epoch) {
             return Err(conflict(
@@ -485,6 +485,79 @@ pub(crate) fn check_committed_files(
     Ok(())
 }
 
+// ---- output file names, and the output's lock ----
+
+/// The output file name of a checkpoint epoch.
+pub fn file_name(epoch: u64) -> String {
+    format!("epoch-{epoch:020}.parquet")
+}
+
+/// The name of a checkpoint's file before it is published.
+pub fn tmp_name(epoch: u64) -> String {
+    format!("epoch-{epoch:020}.parquet.tmp")
+}
+
+/// A name this sink writes: `(epoch, is_tmp)`. Exactly `epoch-<20 digits>.parquet` (or
+/// `.parquet.tmp`) of an epoch that fits in a `u64`: the one rule for which files are a
+/// replay's output, so `epoch-my-notes.parquet`, `epoch-10.parquet` or
+/// `epoch-99999999999999999999.parquet` (20 digits past `u64::MAX`) are not.
+pub fn parse_name(name: &str) -> Option<(u64, bool)> {
+    let rest = name.strip_prefix("epoch-")?;
+    let (digits, tmp) = match rest.strip_suffix(".parquet.tmp") {
+        Some(d) => (d, true),
+        None => (rest.strip_suffix(".parquet")?, false),
+    };
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok().map(|e| (e, tmp)))
+        .flatten()
+}
+
+/// The published output files of a replay in `out`: `out/changes/<name>` for each name
+/// `parse_name` accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
+/// of an output (`verify`, the certificate) reads these files and no others; the replay's
+/// recovery and cleanup touch the same names.
+pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let dir = out.join("changes");
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
+        if let Some((epoch, false)) = entry.file_name().to_str().and_then(parse_name) {
+            files.push((epoch, entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The output directory's lock file.
+pub const OUT_LOCK_FILE: &str = ".lock";
+
+/// Locks the output directory `out` for a reader of it (`verify`, the certificate), for as
+/// long as the lock lives: a replay into `out` is refused meanwhile, and a reader that starts
+/// while a replay writes there fails with [`Error::Locked`] naming the replay's process
+/// instead of reading a half-written output. The same lock as a replay's; where `out` cannot
+/// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
+/// says so), or is read-only with no lock file (no replay can write there).
+pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
+    if !out.is_dir() {
+        return Ok(None);
+    }
+    let path = out.join(OUT_LOCK_FILE);
+    match DirLock::acquire_file(&path) {
+        Ok(lock) => Ok(Some(lock)),
+        Err(EngineError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            Ok(DirLock::share_existing_file(&path)?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -551,7 +624,10 @@ mod tests {
             (out.join("state/out"), Some(out.join("state"))),
         ] {
             let err = check_places(&data, &o, s.as_deref()).unwrap_err();
-            assert!(matches!(err, Error::InvalidConfig(_)), "{o:?} {s:?}: {err}");
+            assert!(
+                matches!(err, Error::Engine(EngineError::InvalidConfig(_))),
+                "{o:?} {s:?}: {err}"
+            );
         }
         // An output that is a file, a device, or whose changes/ is a link.
         std::fs::write(tmp.path().join("file"), b"x").unwrap();

@@ -1,6 +1,7 @@
 //! Tests of the generators: determinism, validity, shapes, skew, errors.
 
 use super::*;
+use crate::error::EngineError;
 use crate::replay::Dataset;
 
 fn round_trip(
@@ -144,7 +145,10 @@ fn refuses_a_non_empty_directory() {
     std::fs::write(dir.path().join("x"), "").unwrap();
     let kind = GenKind::TpchOrders;
     let err = generate(&kind, dir.path(), &GenOptions::new(&kind, 0.001)).unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    assert!(
+        matches!(err, Error::Engine(EngineError::InvalidConfig(_))),
+        "{err}"
+    );
 }
 
 #[test]
@@ -191,7 +195,7 @@ fn options_are_checked_before_anything_is_made() {
     for (kind, opts, needle) in cases {
         let err = generate(&kind, &out, &opts).unwrap_err();
         assert!(
-            matches!(err, Error::InvalidConfig(_)),
+            matches!(err, Error::Engine(EngineError::InvalidConfig(_))),
             "{kind:?} {opts:?}: {err}"
         );
         assert!(err.to_string().contains(needle), "{kind:?} {opts:?}: {err}");

@@ -9,17 +9,26 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use arrangement_backfill::Result;
-use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
-use arrangement_backfill::job::replay::{
+// The engine's modules, under the names the tool's modules use for them.
+use arrangement_backfill::{backfill, chunk, dictionary, key, merge, store, table, vnode};
+
+mod error;
+mod job;
+mod replay;
+#[cfg(test)]
+mod tool_tests;
+
+use crate::error::Result;
+use crate::job::replay::{
     DEFAULT_BATCH_SIZE, Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint,
     STATE_DIR, StateChoice, default_out_dir, default_parallelism, run_replay_until,
 };
-use arrangement_backfill::job::{Certificate, certify_output};
-use arrangement_backfill::replay::{
+use crate::job::{Certificate, certify_output};
+use crate::replay::{
     Dataset, ExternalSortOptions, GenKind, GenOptions, SyntheticShape, generate,
     remove_all_scratch, verify_with,
 };
+use arrangement_backfill::backfill::{MAX_BATCH_SIZE, SnapshotOrder};
 use arrangement_backfill::vnode::VnodeCount;
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -385,7 +394,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         upstream_rate: args.upstream_rate,
         parallelism: match args.parallelism {
             Some(n) if n > args.vnodes as u64 => {
-                return Err(arrangement_backfill::Error::InvalidConfig(format!(
+                return Err(crate::error::Error::config(format!(
                     "--parallelism {n} exceeds the {} vnodes: choose 1 to {}",
                     args.vnodes, args.vnodes
                 )));
@@ -409,7 +418,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         interrupted,
     ));
     display.finish();
-    if let Err(arrangement_backfill::Error::Interrupted { .. }) = &summary {
+    if let Err(crate::error::Error::Interrupted { .. }) = &summary {
         // No sort outlives the job today; one that did would end with the process.
         remove_scratch();
     }
@@ -452,7 +461,7 @@ fn check_certificate(dataset: &Dataset, out: &std::path::Path) -> Result<()> {
     if c.matches() {
         Ok(())
     } else {
-        Err(arrangement_backfill::Error::CertificateMismatch {
+        Err(crate::error::Error::CertificateMismatch {
             out: out.to_path_buf(),
             message: c.describe(),
         })
@@ -720,9 +729,9 @@ mod tests {
 
     #[test]
     fn bad_input_errors_exit_two() {
-        use arrangement_backfill::Error;
-        let e = Error::InvalidChunk("x".into());
+        use crate::error::Error;
+        let e = Error::from(crate::error::EngineError::InvalidChunk("x".into()));
         assert!(e.is_bad_input());
-        assert!(!Error::Internal("x".into()).is_bad_input());
+        assert!(!crate::error::internal!("x").is_bad_input());
     }
 }

@@ -99,7 +99,7 @@ impl Changelog {
         let pool_rows = pool.num_rows() as u32;
         let random_row = |rng: &mut StdRng| -> Result<u32> {
             if pool_rows == 0 {
-                return Err(Error::InvalidConfig(
+                return Err(Error::config(
                     "cannot generate changes for an empty table".into(),
                 ));
             }

@@ -25,7 +25,6 @@ mod changelog;
 mod dataset;
 mod extsort;
 pub(crate) mod files;
-#[cfg(feature = "cli")]
 mod generate;
 mod manifest;
 #[cfg(test)]
@@ -38,13 +37,11 @@ mod touched;
 mod validate;
 mod verify;
 
-pub use dataset::{CHANGES_DIR, Dataset, DatasetSummary, EpochChunk, SNAPSHOT_DIR};
-pub use extsort::{DEFAULT_MEMORY_BUDGET, ExternalSortOptions};
-#[cfg(feature = "cli")]
-pub use generate::{
-    GenKind, GenOptions, MAX_GEN_ROWS, MIN_TPCH_SCALE, SyntheticShape, generate, snapshot_rows,
-};
-pub use manifest::{Direction, MANIFEST_FILE, Manifest};
+pub use dataset::{Dataset, DatasetSummary};
+pub use extsort::ExternalSortOptions;
+pub use generate::{GenKind, GenOptions, SyntheticShape, generate};
 pub use scratch::remove_all_scratch;
 pub(crate) use validate::{Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
-pub use verify::{VerifyReport, verify, verify_with};
+#[cfg(test)]
+pub use verify::verify;
+pub use verify::verify_with;

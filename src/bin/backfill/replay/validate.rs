@@ -52,13 +52,9 @@ impl Dataset {
     /// The full validation pass (see the module docs of `validate.rs`): nothing of a dataset
     /// should be committed before it succeeds. Counts its rows and epochs, spilling to a
     /// temporary directory (`TMPDIR`, removed afterwards) with the default memory budget.
+    #[cfg(test)]
     pub fn validate(&self) -> Result<DatasetSummary> {
         self.validate_observed(&mut |_| Ok(()))
-    }
-
-    /// [`Dataset::validate`] with explicit scratch space and memory budget.
-    pub fn validate_with(&self, options: &ExternalSortOptions) -> Result<DatasetSummary> {
-        validate_with(self, options, None, &mut |_| Ok(()))
     }
 
     /// [`Dataset::validate`], showing `observe` every row the pass reads, in stream order:
@@ -66,6 +62,7 @@ impl Dataset {
     /// what else needs all of it (the completion certificate's expected digest) at no
     /// second read. What `observe` saw is meaningful only if the validation succeeds; its
     /// error ends the pass.
+    #[cfg(test)]
     pub(crate) fn validate_observed(
         &self,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,

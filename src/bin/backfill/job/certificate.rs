@@ -71,7 +71,7 @@ impl TableDigest {
     }
 
     fn row_hashes(batch: &RecordBatch) -> Result<Vec<u64>> {
-        mix64_rows(&hashed(batch), batch.num_rows())
+        Ok(mix64_rows(&hashed(batch), batch.num_rows())?)
     }
 
     /// Adds the rows of `other` (a digest of the same vnode count): the digest of both
@@ -174,7 +174,7 @@ impl TableDigest {
 
     /// [`TableDigest::of_output`], reading `batch_rows` rows at a time.
     fn of_output_in_batches(out: &Path, desc: &TableDesc, batch_rows: usize) -> Result<Self> {
-        let files = crate::job::sink::output_files(out)?;
+        let files = crate::job::output::output_files(out)?;
         let mut digest = Self::new(desc.vnode_count());
         let schema = desc.schema();
         for (_, path) in files {
@@ -229,9 +229,9 @@ impl TableDigest {
 /// computed from the files alone (no state): per vnode of `dataset`'s default vnode count, the
 /// rows and checksum the output's changes net to, against the snapshot's and the changelog's.
 /// `backfill verify` checks it next to its row-by-row comparison. The output is locked
-/// meanwhile ([`lock_output_to_read`](crate::job::replay::lock_output_to_read)).
+/// meanwhile ([`lock_output_to_read`](crate::job::output::lock_output_to_read)).
 pub fn certify_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
-    let _lock = crate::job::replay::lock_output_to_read(out)?;
+    let _lock = crate::job::output::lock_output_to_read(out)?;
     certify_locked_output(dataset, out)
 }
 

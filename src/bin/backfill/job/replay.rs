@@ -52,8 +52,7 @@ use tokio::sync::watch;
 use crate::backfill::BackfillStats;
 use crate::backfill::SnapshotOrder;
 use crate::chunk::StreamChunk;
-use crate::error::{Error, Result, internal};
-use crate::job::barrier::BarrierInjector;
+use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
@@ -91,33 +90,6 @@ const READ_AHEAD: usize = 4;
 /// Upstream messages in flight between the source task and the backfill.
 const CHANNEL_CAPACITY: usize = 64;
 
-/// The output directory's lock file.
-pub const OUT_LOCK_FILE: &str = ".lock";
-
-/// Locks the output directory `out` for a reader of it (`verify`, the certificate), for as
-/// long as the lock lives: a replay into `out` is refused meanwhile, and a reader that starts
-/// while a replay writes there fails with [`Error::Locked`] naming the replay's process
-/// instead of reading a half-written output. The same lock as a replay's; where `out` cannot
-/// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
-/// says so), or is read-only with no lock file (no replay can write there).
-pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
-    if !out.is_dir() {
-        return Ok(None);
-    }
-    let path = out.join(OUT_LOCK_FILE);
-    match DirLock::acquire_file(&path) {
-        Ok(lock) => Ok(Some(lock)),
-        Err(Error::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
-            ) =>
-        {
-            DirLock::share_existing_file(&path)
-        }
-        Err(e) => Err(e),
-    }
-}
 /// The state directory inside the output directory, by default.
 pub const STATE_DIR: &str = "state";
 
@@ -191,7 +163,7 @@ impl std::str::FromStr for RescalePoint {
 
     /// `EPOCH:N`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::InvalidConfig(format!("a rescale is EPOCH:ACTORS, not `{s}`"));
+        let bad = || Error::config(format!("a rescale is EPOCH:ACTORS, not `{s}`"));
         let (epoch, actors) = s.split_once(':').ok_or_else(bad)?;
         Ok(Self {
             after_epoch: epoch.trim().parse().map_err(|_| bad())?,
@@ -232,8 +204,6 @@ impl ReplayOptions {
 /// A progress report, sent after every downstream message.
 #[derive(Debug, Clone, Default)]
 pub struct ReplayProgress {
-    /// Snapshot rows in the dataset.
-    pub snapshot_total: u64,
     /// The backfill's counters, summed over its actors.
     pub backfill: BackfillStats,
     /// The job's progress: rows read of the estimated total, rate, ETA, per-actor rows.
@@ -294,6 +264,10 @@ pub struct ReplaySummary {
 
 /// Why a replay stopped early at the user's request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "named after the signals: SIGINT is an interrupt"
+)]
 pub enum Interrupt {
     /// SIGINT (Ctrl-C).
     Interrupt,
@@ -328,6 +302,7 @@ impl Interrupt {
 /// for it, see `validation.rs`), then loads the snapshot or resumes from the last
 /// checkpoint, backfills while the changelog is applied, writes the output. `on_progress` is called with fresh counters as
 /// the job goes.
+#[cfg(test)]
 pub async fn run_replay(
     dataset: &Dataset,
     options: &ReplayOptions,
@@ -346,17 +321,19 @@ pub async fn run_replay_until(
     interrupted: impl Future<Output = Interrupt>,
 ) -> Result<ReplaySummary> {
     if !(1..=crate::backfill::MAX_BATCH_SIZE).contains(&options.batch_size) {
-        return Err(Error::InvalidConfig(format!(
+        return Err(Error::config(format!(
             "batch size must be between 1 and {}",
             crate::backfill::MAX_BATCH_SIZE
         )));
     }
     if options.upstream_rate == Some(0) || options.rate_limit == Some(0) {
-        return Err(Error::InvalidConfig(
+        return Err(Error::config(
             "a rate of 0 rows/s would never finish; leave the option out for no limit".into(),
         ));
     }
-    BarrierInjector::new(SNAPSHOT_EPOCH, options.checkpoint_every)?;
+    if options.checkpoint_every == 0 {
+        return Err(Error::config("checkpoint-every must be at least 1".into()));
+    }
     let vnodes = options.vnodes.get();
     // The initial parallelism is capped at the vnode count (one actor per vnode at most); a
     // rescale names its actors exactly, so it must fit.
@@ -364,7 +341,7 @@ pub async fn run_replay_until(
         .chain(options.rescales.iter().map(|r| (r.actors, false)));
     for (actors, initial) in actors {
         if actors == 0 || (actors > vnodes && !initial) {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::config(format!(
                 "{actors} backfill actors for {vnodes} vnodes: choose 1 to {vnodes}"
             )));
         }
@@ -420,7 +397,7 @@ async fn run_validated(
     let desc = dataset.table_desc(options.vnodes)?;
     let io = options.io.clone();
     io.create_dir_all(&options.out)?;
-    let _out_lock = DirLock::acquire_file(&options.out.join(OUT_LOCK_FILE))?;
+    let _out_lock = DirLock::acquire_file(&options.out.join(output::OUT_LOCK_FILE))?;
     match &options.state {
         StateChoice::Memory => {
             let job = Job::new(MemoryStore::new(), dataset, options, desc)?;
@@ -727,7 +704,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             }
             loader.write(batch?)?;
         }
-        loader.seal()
+        Ok(loader.seal()?)
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -819,12 +796,12 @@ impl<'a, S: StateStore> Job<'a, S> {
             BackfillJob::committed_records(&self.store, JOB_NAME, self.desc.name())?
         {
             let Some(record) = FileRecord::decode(&value) else {
-                return Err(Error::CorruptState {
+                return Err(Error::Engine(EngineError::CorruptState {
                     context: self.state_dir().display().to_string(),
                     message: format!(
                         "unreadable output file record of checkpoint {epoch}: `{value}`"
                     ),
-                });
+                }));
             };
             files.insert(epoch, record);
         }
@@ -1089,10 +1066,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         // Abort the source if this future is dropped or stops early.
         let _source_guard = AbortOnDrop(source_task.abort_handle());
         let published = sink.published_rows();
-        let mut progress = ReplayProgress {
-            snapshot_total: self.snapshot_rows,
-            ..ReplayProgress::default()
-        };
+        let mut progress = ReplayProgress::default();
         let mut report = || {
             progress.backfill = stats.borrow().clone();
             progress.job = job_progress.borrow().clone();
@@ -1202,7 +1176,7 @@ impl Drop for AbortOnDrop {
 /// upstream rate, requesting the rescales due at each dataset epoch's end.
 struct ChangeSource {
     dataset: Dataset,
-    tx: mpsc::Sender<Result<Change>>,
+    tx: mpsc::Sender<arrangement_backfill::Result<Change>>,
     batch_size: usize,
     upstream_rate: Option<u64>,
     /// Changelog rows the table holds already (committed before this run): skipped.
@@ -1220,7 +1194,7 @@ impl ChangeSource {
             Ok(()) => Ok(()),
             Err(e) => {
                 let message = e.to_string();
-                let _ = self.tx.send(Err(e)).await;
+                let _ = self.tx.send(Err(e.into_engine())).await;
                 Err(internal!("the changelog source: {message}"))
             }
         }

@@ -32,7 +32,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use crate::error::{Result, internal};
 use crate::job::lanes::{Lanes, MAX_QUEUED_ROWS};
 
 /// Writes one Parquet file into `W` (a `Vec<u8>`, a file), its columns encoded in parallel
@@ -211,11 +211,11 @@ impl<W: Write + Send> ColumnParallelWriter<W> {
         if matches {
             Ok(())
         } else {
-            Err(Error::Internal(format!(
+            Err(internal!(
                 "a batch of schema {} does not fit the Parquet file of schema {}",
                 batch.schema(),
                 self.schema
-            )))
+            ))
         }
     }
 }

@@ -57,57 +57,18 @@ use arrow_schema::SchemaRef;
 use parquet::file::properties::WriterProperties;
 
 use crate::chunk::{StreamChunk, changelog_schema};
+use crate::error::EngineError;
 use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::job::column_writer::ColumnParallelWriter;
 use crate::job::encoding::EncodingChoice;
-use crate::job::exactly_once::{ExactlyOnceSink, PreparedCheckpoint, Recovery as JobRecovery};
+use crate::job::output::{file_name, parse_name, tmp_name};
+use crate::job::{ExactlyOnceSink, PreparedCheckpoint, Recovery as JobRecovery};
+
+/// The engine's `Result`, which the library's sink interface returns.
+type EngineResult<T> = std::result::Result<T, EngineError>;
 use crate::store::io::{StorageIo, WriteFile, named};
 use crate::table::TableDesc;
-
-/// The output file name of a checkpoint epoch.
-pub fn file_name(epoch: u64) -> String {
-    format!("epoch-{epoch:020}.parquet")
-}
-
-/// The name of a checkpoint's file before it is published.
-pub fn tmp_name(epoch: u64) -> String {
-    format!("epoch-{epoch:020}.parquet.tmp")
-}
-
-/// A name this sink writes: `(epoch, is_tmp)`. Exactly `epoch-<20 digits>.parquet` (or
-/// `.parquet.tmp`) of an epoch that fits in a `u64`: the one rule for which files are a
-/// replay's output, so `epoch-my-notes.parquet`, `epoch-10.parquet` or
-/// `epoch-99999999999999999999.parquet` (20 digits past `u64::MAX`) are not.
-pub fn parse_name(name: &str) -> Option<(u64, bool)> {
-    let rest = name.strip_prefix("epoch-")?;
-    let (digits, tmp) = match rest.strip_suffix(".parquet.tmp") {
-        Some(d) => (d, true),
-        None => (rest.strip_suffix(".parquet")?, false),
-    };
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok().map(|e| (e, tmp)))
-        .flatten()
-}
-
-/// The published output files of a replay in `out`: `out/changes/<name>` for each name
-/// `parse_name` accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
-/// of an output (`verify`, the certificate) reads these files and no others; the replay's
-/// recovery and cleanup touch the same names.
-pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let dir = out.join("changes");
-    let entries = std::fs::read_dir(&dir)
-        .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
-        if let Some((epoch, false)) = entry.file_name().to_str().and_then(parse_name) {
-            files.push((epoch, entry.path()));
-        }
-    }
-    files.sort();
-    Ok(files)
-}
 
 /// A checkpoint file the encoder is finishing ([`ParquetSink::start_prepare`]).
 #[derive(Debug)]
@@ -333,7 +294,7 @@ impl Encoder {
                 let _close = CloseOnDrop(Arc::clone(&queue));
                 encode_loop(&schema, &target, &rx, &queue);
             })
-            .map_err(Error::Io)?;
+            .map_err(Error::from)?;
         Ok(Self {
             tx: Some(tx),
             backlog,
@@ -426,7 +387,7 @@ fn encode_loop(schema: &SchemaRef, target: &Target, rx: &Receiver<Job>, backlog:
                 }
                 let encoded = (|| -> Result<()> {
                     let batches = (group.iter())
-                        .map(|(epoch, chunk)| chunk.to_changelog(Some(*epoch)))
+                        .map(|(epoch, chunk)| Ok(chunk.to_changelog(Some(*epoch))?))
                         .collect::<Result<Vec<_>>>()?;
                     let open = match &mut current {
                         Some(open) => open,
@@ -800,31 +761,30 @@ impl ParquetSink {
 impl ExactlyOnceSink for ParquetSink {
     type Prepared = CheckpointFile;
 
-    fn recover(&mut self, recovery: &JobRecovery) -> Result<()> {
+    fn recover(&mut self, recovery: &JobRecovery) -> EngineResult<()> {
         if recovery.committed != self.committed {
-            return Err(internal!(
+            return Err(EngineError::Internal(format!(
                 "the sink was opened at checkpoint {:?}, the job resumes at {:?}",
-                self.committed,
-                recovery.committed
-            ));
+                self.committed, recovery.committed
+            )));
         }
         Ok(())
     }
 
-    fn write(&mut self, epoch: u64, chunk: StreamChunk) -> Result<()> {
-        self.push(epoch, chunk)
+    fn write(&mut self, epoch: u64, chunk: StreamChunk) -> EngineResult<()> {
+        self.push(epoch, chunk).map_err(Error::into_engine)
     }
 
-    fn prepare(&mut self, epoch: u64) -> Result<CheckpointFile> {
+    fn prepare(&mut self, epoch: u64) -> EngineResult<CheckpointFile> {
         Ok(CheckpointFile {
-            preparing: self.start_prepare(epoch)?,
+            preparing: self.start_prepare(epoch).map_err(Error::into_engine)?,
             prepared: None,
         })
     }
 
-    fn committed(&mut self, _epoch: u64, file: CheckpointFile) -> Result<()> {
+    fn committed(&mut self, _epoch: u64, file: CheckpointFile) -> EngineResult<()> {
         match file.prepared {
-            Some(prepared) => self.published(prepared),
+            Some(prepared) => self.published(prepared).map_err(Error::into_engine),
             None => Ok(()),
         }
     }
@@ -839,19 +799,19 @@ pub struct CheckpointFile {
 }
 
 impl PreparedCheckpoint for CheckpointFile {
-    fn make_durable(&mut self) -> Result<Option<String>> {
+    fn make_durable(&mut self) -> EngineResult<Option<String>> {
         let Some(preparing) = self.preparing.take() else {
             return Ok(None);
         };
-        let prepared = preparing.wait()?;
+        let prepared = preparing.wait().map_err(Error::into_engine)?;
         let record = prepared.record().encode();
         self.prepared = Some(prepared);
         Ok(Some(record))
     }
 
-    fn publish(&mut self) -> Result<()> {
+    fn publish(&mut self) -> EngineResult<()> {
         match &self.prepared {
-            Some(prepared) => prepared.reveal(),
+            Some(prepared) => prepared.reveal().map_err(Error::into_engine),
             None => Ok(()),
         }
     }
@@ -1516,7 +1476,7 @@ mod tests {
         ] {
             fs::write(changes.join(name), b"x").unwrap();
         }
-        let files = output_files(out.path()).unwrap();
+        let files = crate::job::output::output_files(out.path()).unwrap();
         assert_eq!(
             files,
             vec![
@@ -1524,7 +1484,7 @@ mod tests {
                 (12, changes.join(file_name(12)))
             ]
         );
-        let err = output_files(&out.path().join("nope")).unwrap_err();
+        let err = crate::job::output::output_files(&out.path().join("nope")).unwrap_err();
         assert!(err.to_string().contains("nope/changes"), "{err}");
     }
 }

@@ -14,17 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrangement_backfill::Error;
-use arrangement_backfill::job::replay::{Interrupt, ReplayOptions, run_replay, run_replay_until};
-use arrangement_backfill::replay::{
-    Dataset, GenKind, GenOptions, SyntheticShape, generate, verify,
-};
+use crate::error::{EngineError, Error};
+use crate::job::replay::{Interrupt, ReplayOptions, run_replay, run_replay_until};
+use crate::replay::{Dataset, GenKind, GenOptions, SyntheticShape, generate, verify};
 use arrangement_backfill::store::io::{Fault, FaultyIo, RealIo, StorageIo};
 use arrangement_backfill::store::{Compaction, DurableOptions};
 use arrangement_backfill::vnode::VnodeCount;
 
-mod common;
-use common::files::{files_under, log_file};
+use super::common_files::{files_under, log_file};
 
 fn dataset(dir: &Path, name: &str, rows_scale: f64, seed: u64) -> Dataset {
     let kind = GenKind::Synthetic {
@@ -394,7 +391,7 @@ fn a_takeover_crashed_part_way_is_taken_over_again() {
     let rt = runtime();
     let template = tmp.path().join("memory-output");
     let mut memory = options(&template, RealIo::shared());
-    memory.state = arrangement_backfill::job::replay::StateChoice::Memory;
+    memory.state = crate::job::replay::StateChoice::Memory;
     rt.block_on(run_replay(&data, &memory, |_| {})).unwrap();
     let files = std::fs::read_dir(template.join("changes")).unwrap().count();
     assert!(files > 3, "a few files to remove: {files}");
@@ -428,7 +425,10 @@ fn a_rescale_beyond_the_vnodes_is_refused_before_the_load() {
     let err = runtime()
         .block_on(run_replay(&data, &o, |_| {}))
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    assert!(
+        matches!(err, Error::Engine(EngineError::InvalidConfig(_))),
+        "{err}"
+    );
     assert!(
         err.to_string().contains("8 backfill actors for 4 vnodes"),
         "{err}"
