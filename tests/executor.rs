@@ -276,3 +276,27 @@ async fn zero_batch_size_is_rejected() {
         Err(Error::InvalidConfig(_))
     ));
 }
+
+/// Issue 42: a first barrier that does not close the store's committed epoch (ahead of it, or
+/// behind it) is refused, saying which epoch it must close.
+#[tokio::test]
+async fn the_first_barrier_must_close_the_committed_epoch() {
+    for prev in [0, 2, 5] {
+        let store = store_with(10, 4);
+        let vnodes = VnodeBitmap::full(VnodeCount::new(4).unwrap());
+        let exec =
+            BackfillExecutor::arrangement(&store, "t", vnodes, BackfillConfig::default()).unwrap();
+        let upstream = futures::stream::iter(vec![Ok(barrier(prev))]);
+        let out: Vec<Result<Message>> = exec.execute(upstream).collect().await;
+        let err = out
+            .into_iter()
+            .find_map(|m| m.err())
+            .unwrap_or_else(|| panic!("prev {prev} accepted"));
+        assert!(matches!(err, Error::Protocol(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("the first barrier must close epoch 1, the store's committed epoch"),
+            "{err}"
+        );
+    }
+}

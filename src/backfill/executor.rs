@@ -120,6 +120,8 @@ pub struct BackfillExecutor<S: StateStore, T: Tracker> {
     progress_table: S::Table,
     restore: Restore<S, T>,
     stats_tx: watch::Sender<BackfillStats>,
+    /// The store, for its committed epoch at the first barrier.
+    store: S,
 }
 
 impl<S: StateStore> BackfillExecutor<S, ArrangementTracker> {
@@ -179,6 +181,7 @@ impl<S: StateStore, T: Tracker> BackfillExecutor<S, T> {
             replicated,
             progress_table,
             stats_tx,
+            store: store.clone(),
         })
     }
 
@@ -339,6 +342,19 @@ where
                 "the upstream must start with a barrier".into(),
             ));
         };
+        // Progress is restored as committed: the first barrier closes the committed epoch,
+        // and the upstream is replayed from the epoch after it.
+        let prev = barrier.epoch.prev;
+        if let Some(committed) = self.exec.store.committed_epoch()?
+            && committed != prev
+        {
+            return Err(Error::Protocol(format!(
+                "the first barrier must close epoch {committed}, the store's committed epoch \
+                 (this one closes epoch {prev}): the backfill restores its progress as \
+                 committed, so the upstream must be replayed from epoch {} on",
+                committed + 1
+            )));
+        }
         let restore = std::mem::replace(
             &mut self.exec.restore,
             Box::new(|_, _, _| Err(internal!("restored twice"))),

@@ -1,8 +1,8 @@
 //! Job-level progress: the actors' counters summed into one view, on `watch` channels.
 //!
 //! Every actor publishes its executor's [`BackfillStats`] to the [`StatsBoard`] after each
-//! message it sends; the board sums them into the job's [`BackfillStats`] (what the replay's
-//! source waits on to end the job) and a [`JobProgress`] (rows read of the estimated total,
+//! message it sends; the board sums them into the job's [`BackfillStats`] (what a job's
+//! upstream task waits on to end the job) and a [`JobProgress`] (rows read of the estimated total,
 //! rate, ETA, vnodes per state, per-actor rows, the slowest vnodes) for progress bars.
 //!
 //! The slowest vnodes are those in progress the longest (since the earliest epoch, over all

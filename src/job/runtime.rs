@@ -134,7 +134,8 @@ impl ParallelBackfill {
     /// Starts the actors of `map` over `table` (a table of `store` with the upstream's
     /// committed rows), fed by `upstream`: the upstream's changes and barriers, starting with
     /// a barrier whose `prev` is the store's committed epoch, the table already written and
-    /// sealed by whoever produces it (as the replay's source does). `config.rate_limit` is
+    /// sealed by whoever produces it (as a [`BackfillJob`](crate::BackfillJob)'s upstream task
+    /// does). `config.rate_limit` is
     /// the job's; `estimate` is the snapshot's expected rows (for progress only).
     ///
     /// Must be called inside a tokio runtime (it spawns the dispatcher and the actors). The

@@ -1,8 +1,10 @@
 //! The `backfill` command-line tool: replay a dataset through a backfill, verify a replay's
 //! output, generate datasets.
 //!
-//! Exit status: 0 on success, 2 on bad input (a malformed dataset, a usage error, a locked
-//! output), 128 + the signal after SIGINT, SIGTERM or SIGHUP, 1 on any other failure.
+//! Exit status: 0 on success (the output is exactly once), 2 on bad input (a malformed
+//! dataset, a usage error, a locked output, a state or output of another job), 3 when the
+//! completion certificate does not match, 128 + the signal after SIGINT, SIGTERM or SIGHUP, 1
+//! on any other failure.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

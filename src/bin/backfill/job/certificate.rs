@@ -357,6 +357,18 @@ impl Certificate {
     }
 }
 
+impl crate::job::output::FinishRecord {
+    /// The end of a job whose final certificate is `certificate` (here, beside the
+    /// certificate: the output's records know nothing of certificates).
+    pub fn of(certificate: &Certificate) -> Self {
+        Self {
+            epoch: certificate.epoch,
+            certificate_matches: certificate.matches(),
+            certificate: certificate.describe(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

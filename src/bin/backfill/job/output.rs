@@ -4,9 +4,10 @@
 //! ```text
 //!   OUT/.backfill-job           the output's job record (JSON): job id, state directory,
 //!                               and, once finished, the final certificate
-//!   OUT/changes/epoch-E.parquet the output files (`sink::parse_name`)
+//!   OUT/changes/epoch-E.parquet the output files (`parse_name`, here)
 //!   STATE (meta)                replay.job_id: the same job id
-//!                               replay.file.<E, 20 digits>: rows, size, crc32 of epoch-E
+//!                               the job's sink record of checkpoint E
+//!                               (job.replay.sink.<E, 20 digits>): rows, size, crc32 of epoch-E
 //! ```
 //!
 //! Invariants this module keeps:
@@ -285,17 +286,6 @@ pub struct FinishRecord {
     pub certificate_matches: bool,
     /// The certificate's summary line.
     pub certificate: String,
-}
-
-impl FinishRecord {
-    /// The end of a job whose final certificate is `certificate`.
-    pub fn of(certificate: &crate::job::Certificate) -> Self {
-        Self {
-            epoch: certificate.epoch,
-            certificate_matches: certificate.matches(),
-            certificate: certificate.describe(),
-        }
-    }
 }
 
 /// The output's job record (`OUT/.backfill-job`).

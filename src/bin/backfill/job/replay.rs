@@ -311,8 +311,9 @@ pub async fn run_replay(
     run_replay_until(dataset, options, on_progress, std::future::pending()).await
 }
 
-/// [`run_replay`], stopped cleanly when `interrupted` completes: the current epoch is
-/// abandoned (committed checkpoints stay; nothing half-written is left in the output) and the
+/// [`run_replay`], stopped cleanly when `interrupted` completes: during the load, the load is
+/// abandoned (nothing of it committed); during the backfill, the job ends at its next
+/// checkpoint (`JobControl::stop`; nothing half-written is left in the output); and the
 /// result is an [`Error::Interrupted`] naming the epoch to resume from.
 pub async fn run_replay_until(
     dataset: &Dataset,
