@@ -709,3 +709,11 @@ async fn a_stopped_job_resumes_where_its_stop_checkpoint_left_it() {
         assert_eq!(net, Net::of(&model), "parallelism {parallelism}");
     }
 }
+
+#[test]
+fn a_job_outside_a_tokio_runtime_is_an_error_not_a_panic() {
+    let store = MemoryStore::new();
+    load(&store);
+    let err = BackfillJob::start(&store, "view", "t", options(), source(vec![])).unwrap_err();
+    assert!(err.to_string().contains("inside a tokio runtime"), "{err}");
+}

@@ -334,6 +334,13 @@ impl BackfillJob {
         S: StateStore,
         C: Stream<Item = Result<Change>> + Send + Unpin + 'static,
     {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidConfig(
+                "BackfillJob::start must be called inside a tokio runtime (it spawns the job's \
+                 tasks): call it from an async context or inside `Runtime::block_on`"
+                    .into(),
+            ));
+        }
         let Plan {
             desc,
             keys,
