@@ -87,8 +87,10 @@ const LOAD_BATCH_ROWS: usize = 64 * 1024;
 pub const DEFAULT_BATCH_SIZE: usize = 8192;
 /// Batches a reader thread decodes ahead of the load and of the upstream source.
 const READ_AHEAD: usize = 4;
-/// Upstream messages in flight between the source task and the backfill.
-const CHANNEL_CAPACITY: usize = 64;
+/// Change chunks between the changelog source and the job: a few (the job's own channel to
+/// its actors holds more; a deep queue here only held more rows in memory, 77 MB at 64
+/// lineitem chunks of 8192 rows).
+const CHANNEL_CAPACITY: usize = 2;
 
 /// The state directory inside the output directory, by default.
 pub const STATE_DIR: &str = "state";
