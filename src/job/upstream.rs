@@ -229,10 +229,13 @@ impl Checker {
         let resolved = RecordBatch::try_new(schema, columns).map_err(|e| {
             Error::InvalidChunk(format!("the changes do not fit the table's schema: {e}"))
         })?;
-        // The open map pointed at the unresolved rows; a later delete compares with these.
+        // The open map pointed at the unresolved rows: replayed in order over the resolved
+        // ones, so that each key ends as the chunk leaves it (a key inserted, then deleted,
+        // in this chunk is absent).
         for (i, key) in keys.iter().enumerate() {
-            if let (Some(key), false) = (key, ops[i].is_delete()) {
-                self.open.insert(key.into(), Some((resolved.clone(), i)));
+            if let Some(key) = key {
+                let row = (!ops[i].is_delete()).then(|| (resolved.clone(), i));
+                self.open.insert(key.into(), row);
             }
         }
         StreamChunk::new(resolved, ops)
