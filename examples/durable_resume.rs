@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use arrangement_backfill::{BackfillJob, DurableStore, JobOptions, Message, StreamChunk};
-use common::{after, changes, exit_on, load, net_of_files, run_child_and_kill, write_durable};
+use common::{after, changes, exit_on, net_of_files, write_durable};
 use futures::StreamExt;
 
 const ROWS: i64 = 50_000;
@@ -69,21 +69,10 @@ async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> arrangement_backfill::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if let [_, flag, dir] = args.as_slice()
-        && flag == "--child"
-    {
-        return run(Path::new(dir)).await;
+    if let Some(dir) = common::child_dir() {
+        return run(&dir).await;
     }
-    let dir = tempfile::tempdir()?;
-    std::fs::create_dir(dir.path().join("out"))?;
-    let mut model = {
-        let store = DurableStore::open(dir.path().join("state"))?;
-        load(&store, ROWS)?
-    };
-    let _ = changes(&mut model, SEED, EPOCHS);
-    let path = dir.path().to_str().unwrap_or_default().to_string();
-    run_child_and_kill(&["--child", &path], Duration::from_millis(700))?;
+    let (dir, model) = common::loaded_and_killed(ROWS, SEED, EPOCHS, Duration::from_millis(700))?;
     run(dir.path()).await?;
     exit_on(net_of_files(&dir.path().join("out"))?.check(&model, "killed and resumed view"));
     Ok(())

@@ -17,7 +17,7 @@ use arrangement_backfill::{
     BackfillJob, DurableStore, ExactlyOnceSink, JobOptions, PreparedCheckpoint, Recovery,
     StreamChunk,
 };
-use common::{after, changes, exit_on, load, net_of_files, run_child_and_kill, write_durable};
+use common::{after, changes, exit_on, net_of_files, write_durable};
 
 const ROWS: i64 = 50_000;
 const SEED: u64 = 11;
@@ -147,21 +147,10 @@ async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> arrangement_backfill::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if let [_, flag, dir] = args.as_slice()
-        && flag == "--child"
-    {
-        return run(Path::new(dir)).await;
+    if let Some(dir) = common::child_dir() {
+        return run(&dir).await;
     }
-    let dir = tempfile::tempdir()?;
-    std::fs::create_dir(dir.path().join("out"))?;
-    let mut model = {
-        let store = DurableStore::open(dir.path().join("state"))?;
-        load(&store, ROWS)?
-    };
-    let _ = changes(&mut model, SEED, EPOCHS);
-    let path = dir.path().to_str().unwrap_or_default().to_string();
-    run_child_and_kill(&["--child", &path], Duration::from_millis(700))?;
+    let (dir, model) = common::loaded_and_killed(ROWS, SEED, EPOCHS, Duration::from_millis(700))?;
     run(dir.path()).await?;
     exit_on(net_of_files(&dir.path().join("out"))?.check(&model, "the sink's published files"));
     Ok(())

@@ -250,6 +250,24 @@ pub fn describe(schema: &Schema) -> String {
     format!("({})", fields.join(", "))
 }
 
+/// `(name=value, ...)` of `columns` of `batch`'s row `row` (`NULL` for a null), for messages
+/// that name a row or a key.
+pub fn describe_row(batch: &RecordBatch, columns: &[usize], row: usize) -> String {
+    let options = arrow_cast::display::FormatOptions::default().with_null("NULL");
+    let schema = batch.schema();
+    let parts: Vec<String> = columns
+        .iter()
+        .map(|&c| {
+            let value =
+                arrow_cast::display::ArrayFormatter::try_new(batch.column(c).as_ref(), &options)
+                    .map(|f| f.value(row).to_string())
+                    .unwrap_or_else(|_| "?".into());
+            format!("{}={value}", schema.field(c).name())
+        })
+        .collect();
+    format!("({})", parts.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

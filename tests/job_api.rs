@@ -88,6 +88,27 @@ fn changes(model: &mut BTreeMap<i64, i64>, seed: u64, epochs: usize) -> Vec<Chan
     out
 }
 
+/// `changes` after their first `skip` rows: what a resumed job is fed.
+fn after(changes: Vec<Change>, skip: u64) -> Vec<Change> {
+    let mut skip = skip as usize;
+    let mut out = Vec::new();
+    for change in changes {
+        match change {
+            Change::Chunk(chunk) if skip >= chunk.num_rows() => skip -= chunk.num_rows(),
+            Change::Chunk(chunk) if skip > 0 => {
+                let n = chunk.num_rows() - skip;
+                let (batch, ops) = chunk.into_parts();
+                let cut = StreamChunk::new(batch.slice(skip, n), ops[skip..].to_vec()).unwrap();
+                skip = 0;
+                out.push(Change::Chunk(cut));
+            }
+            other => out.push(other),
+        }
+    }
+    assert_eq!(skip, 0, "the resume point is past the changes");
+    out
+}
+
 fn source(
     changes: Vec<Change>,
 ) -> impl futures::Stream<Item = arrangement_backfill::Result<Change>> + Unpin {
@@ -248,24 +269,7 @@ async fn a_job_resumes_on_the_durable_store_from_its_last_checkpoint() {
     assert!(!resume.finished);
     assert!(resume.changes > 0, "{resume:?}");
     // The changes after the first `resume.changes` rows.
-    let mut skip = resume.changes as usize;
-    let rest: Vec<Change> = all
-        .into_iter()
-        .filter_map(|change| match change {
-            Change::Chunk(chunk) if skip >= chunk.num_rows() => {
-                skip -= chunk.num_rows();
-                None
-            }
-            Change::Chunk(chunk) if skip > 0 => {
-                let n = chunk.num_rows() - skip;
-                let (batch, ops) = chunk.into_parts();
-                let cut = StreamChunk::new(batch.slice(skip, n), ops[skip..].to_vec()).unwrap();
-                skip = 0;
-                Some(Change::Chunk(cut))
-            }
-            other => Some(other),
-        })
-        .collect();
+    let rest = after(all, resume.changes);
     // The first run's output up to the committed checkpoint, then the second's.
     let mut net = Net::default();
     for (_, chunks) in kept.range(..=checkpoint) {
@@ -609,18 +613,7 @@ async fn an_exactly_once_sink_publishes_every_row_once_across_a_crash() {
     };
     let resume = BackfillJob::resume_point_in(&store, "view", "t").unwrap();
     assert!(resume.checkpoint.is_some(), "no checkpoint in 300 ms");
-    let mut skip = resume.changes as usize;
-    let rest: Vec<Change> = all
-        .into_iter()
-        .filter(|change| match change {
-            Change::Chunk(chunk) if skip >= chunk.num_rows() => {
-                skip -= chunk.num_rows();
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    assert_eq!(skip, 0, "checkpoints end between chunks here");
+    let rest = after(all, resume.changes);
     let job = BackfillJob::start(&store, "view", "t", options(), source(rest)).unwrap();
     let mut sink = FileSink {
         files: files.clone(),
@@ -684,26 +677,7 @@ async fn a_stopped_job_resumes_where_its_stop_checkpoint_left_it() {
         let store = DurableStore::open(dir.path()).unwrap();
         let resume = BackfillJob::resume_point_in(&store, "view", "t").unwrap();
         assert!(!resume.ended, "a stop on request is not the job's end");
-        let rest = {
-            let mut skip = resume.changes as usize;
-            all.into_iter()
-                .filter_map(|change| match change {
-                    Change::Chunk(chunk) if skip >= chunk.num_rows() => {
-                        skip -= chunk.num_rows();
-                        None
-                    }
-                    Change::Chunk(chunk) if skip > 0 => {
-                        let n = chunk.num_rows() - skip;
-                        let (batch, ops) = chunk.into_parts();
-                        let cut =
-                            StreamChunk::new(batch.slice(skip, n), ops[skip..].to_vec()).unwrap();
-                        skip = 0;
-                        Some(Change::Chunk(cut))
-                    }
-                    other => Some(other),
-                })
-                .collect()
-        };
+        let rest = after(all, resume.changes);
         let job = BackfillJob::start(&store, "view", "t", slow, source(rest)).unwrap();
         let (net, _) = collect_into(net, job).await;
         assert_eq!(net, Net::of(&model), "parallelism {parallelism}");

@@ -212,3 +212,34 @@ pub fn run_child_and_kill(args: &[&str], after: std::time::Duration) -> std::io:
     }
     Ok(())
 }
+
+/// The examples that kill a job: `DIR` given as `--child DIR` when this process is the child.
+pub fn child_dir() -> Option<std::path::PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.as_slice() {
+        [_, flag, dir] if flag == "--child" => Some(dir.into()),
+        _ => None,
+    }
+}
+
+/// A new directory with the table `t` of `rows` rows loaded into its durable store
+/// (`DIR/state`) and an empty `DIR/out`; the model of the table after `epochs` epochs of the
+/// changes of `seed`; and this example run again as a child in that directory, killed
+/// (`SIGKILL`) after `after`.
+pub fn loaded_and_killed(
+    rows: i64,
+    seed: u64,
+    epochs: usize,
+    after: std::time::Duration,
+) -> arrangement_backfill::Result<(tempfile::TempDir, Model)> {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("out"))?;
+    let mut model = {
+        let store = arrangement_backfill::DurableStore::open(dir.path().join("state"))?;
+        load(&store, rows)?
+    };
+    let _ = changes(&mut model, seed, epochs);
+    let path = dir.path().to_str().unwrap_or_default().to_string();
+    run_child_and_kill(&["--child", &path], after)?;
+    Ok((dir, model))
+}

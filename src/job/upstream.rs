@@ -19,13 +19,13 @@ use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, RecordBatch, new_null_array};
 use arrow_row::{RowConverter, SortField};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_schema::{Field, Schema};
 use hashbrown::HashMap;
 
 use crate::chunk::StreamChunk;
 use crate::error::{Error, Result};
 use crate::store::StateTable;
-use crate::table::TableDesc;
+use crate::table::{TableDesc, describe_row};
 
 /// One item of the upstream's change stream, as a [`BackfillJob`](crate::BackfillJob) takes
 /// it. The job numbers epochs itself: a source says where an epoch ends, not its number.
@@ -172,7 +172,7 @@ impl Checker {
             };
             let bad = |problem: String| Error::BadChange {
                 epoch,
-                key: describe(batch, key_columns, i),
+                key: describe_row(batch, key_columns, i),
                 problem,
             };
             if op.is_delete() {
@@ -192,8 +192,8 @@ impl Checker {
                         return Err(bad(format!(
                             "{} whose old values {} differ from the table's {}",
                             op.name(),
-                            describe(batch, &others, i),
-                            describe(&stored, &others, row)
+                            describe_row(batch, &others, i),
+                            describe_row(&stored, &others, row)
                         )));
                     }
                 }
@@ -240,21 +240,4 @@ impl Checker {
         }
         StreamChunk::new(resolved, ops)
     }
-}
-
-/// `(name=value, ...)` of `columns` of `batch`'s row `row`, for messages.
-pub(crate) fn describe(batch: &RecordBatch, columns: &[usize], row: usize) -> String {
-    let options = arrow_cast::display::FormatOptions::default().with_null("NULL");
-    let schema: SchemaRef = batch.schema();
-    let parts: Vec<String> = columns
-        .iter()
-        .map(|&c| {
-            let value =
-                arrow_cast::display::ArrayFormatter::try_new(batch.column(c).as_ref(), &options)
-                    .map(|f| f.value(row).to_string())
-                    .unwrap_or_else(|_| "?".into());
-            format!("{}={value}", schema.field(c).name())
-        })
-        .collect();
-    format!("({})", parts.join(", "))
 }

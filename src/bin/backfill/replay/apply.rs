@@ -10,21 +10,4 @@
 //!
 //! and how rows are shown in the messages about them.
 
-use arrow_array::RecordBatch;
-
-/// `(name=value, ...)` of columns `columns` of row `row`, for messages.
-pub(crate) fn describe_row(batch: &RecordBatch, columns: &[usize], row: usize) -> String {
-    let options = arrow_cast::display::FormatOptions::default().with_null("NULL");
-    let schema = batch.schema();
-    let parts: Vec<String> = columns
-        .iter()
-        .map(|&c| {
-            let value =
-                arrow_cast::display::ArrayFormatter::try_new(batch.column(c).as_ref(), &options)
-                    .map(|f| f.value(row).to_string())
-                    .unwrap_or_else(|_| "?".into());
-            format!("{}={value}", schema.field(c).name())
-        })
-        .collect();
-    format!("({})", parts.join(", "))
-}
+pub(crate) use crate::table::describe_row;
