@@ -689,3 +689,72 @@ fn sighup_stops_a_replay_cleanly() {
     );
     assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
 }
+
+/// Issue 43: `--tmp DIR` points the sorts' scratch (the replay's validation, `verify`) at DIR,
+/// whatever `TMPDIR` says; a scratch that cannot be made names its path; a full scratch disk
+/// says how to point the scratch elsewhere (on a 256 KiB tmpfs, where this process may mount
+/// one).
+#[test]
+fn tmp_points_the_scratch_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dataset, out) = spilling_output(tmp.path());
+    let nowhere = tmp.path().join("a-file");
+    std::fs::write(&nowhere, b"").unwrap();
+    let bad = nowhere.join("scratch");
+    // The validation of a replay that resumes (a finished one: validated first).
+    let o = backfill(&[
+        "replay",
+        path(&dataset),
+        "--out",
+        path(&out),
+        "--progress",
+        "none",
+        "--tmp",
+        path(&bad),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(path(&bad)), "{}", text(&o));
+    let o = backfill(&["verify", path(&dataset), path(&out), "--tmp", path(&bad)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains(path(&bad)), "{}", text(&o));
+    // A scratch of our own, while TMPDIR points at the unusable one: used, and removed.
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let o = bin()
+        .args([
+            "verify",
+            path(&dataset),
+            path(&out),
+            "--tmp",
+            path(&scratch),
+        ])
+        .env("TMPDIR", &bad)
+        .env("BACKFILL_TEST_SORT_MEMORY", "65536")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(scratch_dirs(&scratch), Vec::<PathBuf>::new());
+    // A full scratch disk.
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs", path(&small)])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped the full-disk case: cannot mount a tmpfs here");
+        return;
+    }
+    let o = bin()
+        .args(["verify", path(&dataset), path(&out), "--tmp", path(&small)])
+        .env("BACKFILL_TEST_SORT_MEMORY", "65536")
+        .output()
+        .unwrap();
+    let _ = Command::new("umount").arg(path(&small)).status();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(path(&small)) && text(&o).contains("--tmp DIR"),
+        "{}",
+        text(&o)
+    );
+}

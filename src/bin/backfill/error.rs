@@ -76,7 +76,7 @@ pub enum Error {
     },
     /// A scratch file of an external sort (validation, verification) could not be created,
     /// written or read: a missing scratch directory, a full disk, ...
-    #[error("scratch file {}: {source}", .path.display())]
+    #[error("scratch file {}: {source}{}", .path.display(), scratch_hint(.source.as_ref()))]
     Scratch {
         /// The scratch file or directory.
         path: std::path::PathBuf,
@@ -125,6 +125,21 @@ impl From<Error> for ArrowError {
             Error::Engine(e) => e.into(),
             other => ArrowError::ExternalError(Box::new(other)),
         }
+    }
+}
+
+/// For a full disk: how to point the scratch elsewhere.
+fn scratch_hint(source: &(dyn std::error::Error + Send + Sync + 'static)) -> &'static str {
+    let full = std::iter::successors(Some(source as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    })
+    .filter_map(|e| e.downcast_ref::<std::io::Error>())
+    .any(|e| e.kind() == std::io::ErrorKind::StorageFull);
+    if full {
+        "; the scratch's disk is full: point the scratch at a disk with room with --tmp DIR \
+         (or TMPDIR=DIR)"
+    } else {
+        ""
     }
 }
 
@@ -278,6 +293,17 @@ mod tests {
         assert!(matches!(back, Error::Dataset { .. }), "{back}");
         let engine = Error::config("x".into()).into_engine();
         assert!(matches!(engine, EngineError::InvalidConfig(_)));
+    }
+
+    #[test]
+    fn a_full_scratch_disk_says_how_to_point_the_scratch_elsewhere() {
+        let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device");
+        let e = Error::scratch("/tmp/backfill-sort-1/run-3", full);
+        let text = e.to_string();
+        assert!(text.contains("/tmp/backfill-sort-1/run-3"), "{text}");
+        assert!(text.contains("--tmp DIR"), "{text}");
+        let other = Error::scratch("/x", std::io::Error::other("bad"));
+        assert!(!other.to_string().contains("--tmp"), "{other}");
     }
 
     #[test]

@@ -116,6 +116,10 @@ enum Command {
         dataset: PathBuf,
         /// The replay's output directory.
         out: PathBuf,
+        /// Where the verification's sort spills, in a scratch directory of its own removed
+        /// on every exit [default: TMPDIR, or /tmp].
+        #[arg(long, value_name = "DIR")]
+        tmp: Option<PathBuf>,
     },
     /// Write a dataset (dataset.json, snapshot/, changes/).
     Gen(GenArgs),
@@ -175,6 +179,10 @@ struct ReplayArgs {
     /// After the run, check the output against snapshot + changes.
     #[arg(long)]
     verify: bool,
+    /// Where the dataset's validation (and `--verify`) spill their sorted runs, in scratch
+    /// directories of their own removed on every exit [default: TMPDIR, or /tmp].
+    #[arg(long, value_name = "DIR")]
+    tmp: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -302,7 +310,7 @@ fn name_rayon_threads() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Replay(args) => replay(args),
-        Command::Verify { dataset, out } => {
+        Command::Verify { dataset, out, tmp } => {
             // Kept until the command ends: a signal meanwhile removes the sort's scratch.
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -311,7 +319,7 @@ fn run(cli: Cli) -> Result<()> {
                 .build()?;
             exit_on_signal(&runtime);
             let dataset = open_dataset(&dataset)?;
-            let report = verify_with(&dataset, &out, &sort_options())?;
+            let report = verify_with(&dataset, &out, &sort_options(tmp.as_deref()))?;
             say!(
                 "verified: {} output rows in {} files give the expected {} rows",
                 report.output_rows,
@@ -405,6 +413,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
             None => default_parallelism().min(args.vnodes),
         },
         rescales: args.rescale.clone(),
+        scratch: scratch_dir(args.tmp.as_deref()),
         ..options
     };
     let mode = args.progress.unwrap_or(if std::io::stderr().is_terminal() {
@@ -444,7 +453,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
     if args.verify {
         // A signal now ends the process: the verification cannot stop between steps.
         exit_on_signal(&runtime);
-        let report = verify_with(&dataset, &out, &sort_options())?;
+        let report = verify_with(&dataset, &out, &sort_options(args.tmp.as_deref()))?;
         say!(
             "verified: the output applies cleanly and equals snapshot + changes ({} rows)",
             report.final_rows
@@ -531,10 +540,15 @@ fn remove_scratch() {
 /// tests, which need a sort that spills on a small dataset. Not a user option.
 const TEST_SORT_MEMORY_ENV: &str = "BACKFILL_TEST_SORT_MEMORY";
 
-/// Where `verify` spills (`TMPDIR`) and how much memory its sorts use (the default, or
-/// [`TEST_SORT_MEMORY_ENV`]).
-fn sort_options() -> ExternalSortOptions {
-    let options = ExternalSortOptions::new(std::env::temp_dir());
+/// Where the sorts spill: `--tmp DIR`, or `TMPDIR` (or `/tmp`).
+fn scratch_dir(tmp: Option<&std::path::Path>) -> PathBuf {
+    tmp.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf)
+}
+
+/// Where `verify` spills ([`scratch_dir`]) and how much memory its sorts use (the default,
+/// or [`TEST_SORT_MEMORY_ENV`]).
+fn sort_options(tmp: Option<&std::path::Path>) -> ExternalSortOptions {
+    let options = ExternalSortOptions::new(scratch_dir(tmp));
     match std::env::var(TEST_SORT_MEMORY_ENV)
         .ok()
         .and_then(|v| v.parse().ok())

@@ -146,6 +146,8 @@ pub struct ReplayOptions {
     /// Backfill actors, at least 1; more than the vnode count are reduced to it (the default,
     /// the number of cores, may exceed a small vnode count).
     pub parallelism: usize,
+    /// Where the dataset's validation spills its sorted runs (`--tmp`; default `TMPDIR`).
+    pub scratch: PathBuf,
     /// Online rescales: at the first checkpoint at or after the barrier that closes dataset
     /// epoch `after_epoch`, move to `actors` actors.
     pub rescales: Vec<RescalePoint>,
@@ -199,6 +201,7 @@ impl ReplayOptions {
             io: RealIo::shared(),
             parallelism: default_parallelism(),
             rescales: Vec::new(),
+            scratch: std::env::temp_dir(),
         }
     }
 }
@@ -362,11 +365,12 @@ pub async fn run_replay_until(
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut interrupted = std::pin::pin!(interrupted);
     let mut validation = match new_dirs {
-        Some(_) => Validation::beside(dataset, desc)?,
+        Some(_) => Validation::beside(dataset, desc, options.scratch.clone())?,
         None => {
             // Existing directories have something to lose: nothing is touched before the
             // dataset is known good. A signal meanwhile stops the run at once.
-            let mut validation = Validation::first_in_background(dataset, desc)?;
+            let mut validation =
+                Validation::first_in_background(dataset, desc, options.scratch.clone())?;
             if let Some(signal) = validation_done(&validation, interrupted.as_mut()).await {
                 return Err(Error::Interrupted {
                     signal: signal.name(),

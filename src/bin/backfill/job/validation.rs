@@ -61,11 +61,12 @@ enum State {
 fn validate(
     dataset: &Dataset,
     desc: &TableDesc,
+    scratch: &Path,
     snapshot: Option<SnapshotFeed>,
 ) -> Result<Validated> {
     let mut digest = TableDigest::new(desc.vnode_count());
-    let summary =
-        dataset.validate_observed_from(snapshot, &mut |rows| digest.observe(desc, rows))?;
+    let summary = dataset
+        .validate_observed_from(scratch, snapshot, &mut |rows| digest.observe(desc, rows))?;
     Ok((summary, digest))
 }
 
@@ -74,7 +75,12 @@ impl Validation {
     #[cfg(test)]
     pub fn first(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
         Ok(Self {
-            state: State::Done(Box::new(validate(dataset, desc, None)?)),
+            state: State::Done(Box::new(validate(
+                dataset,
+                desc,
+                &std::env::temp_dir(),
+                None,
+            )?)),
             failed: false,
             snapshot_feed: None,
         })
@@ -82,11 +88,16 @@ impl Validation {
 
     /// [`Self::first`] on a thread of its own, so that the caller can watch for signals
     /// while it runs; nothing may be written before [`Self::finish`] succeeded.
-    pub fn first_in_background(dataset: &Dataset, desc: Arc<TableDesc>) -> Result<Self> {
+    /// It spills under `scratch`.
+    pub fn first_in_background(
+        dataset: &Dataset,
+        desc: Arc<TableDesc>,
+        scratch: PathBuf,
+    ) -> Result<Self> {
         let dataset = dataset.clone();
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
-            .spawn(move || validate(&dataset, &desc, None))
+            .spawn(move || validate(&dataset, &desc, &scratch, None))
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
@@ -99,8 +110,8 @@ impl Validation {
     /// snapshot is read for the validation and, if it takes them
     /// ([`Self::take_snapshot_feed`]), the load, in the batches the validation takes its rows
     /// in (so that a batch the reader cannot decode holds back no rows the validation would
-    /// have checked before it).
-    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>) -> Result<Self> {
+    /// have checked before it). It spills under `scratch`.
+    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>, scratch: PathBuf) -> Result<Self> {
         // A batch is shared (its buffers' handles cloned); an error goes to the validation,
         // which reports it naming file and row, and ends the load's feed too.
         let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
@@ -115,7 +126,7 @@ impl Validation {
         let dataset = dataset.clone();
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
-            .spawn(move || validate(&dataset, &desc, Some(Box::new(for_validation))))
+            .spawn(move || validate(&dataset, &desc, &scratch, Some(Box::new(for_validation))))
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
@@ -241,7 +252,7 @@ mod tests {
                 let mut first = Validation::first(&data, &desc).unwrap();
                 first.finish().unwrap();
                 assert_eq!(first.expected_digest(), Some(&expected), "seed {seed}");
-                let mut beside = Validation::beside(&data, desc).unwrap();
+                let mut beside = Validation::beside(&data, desc, std::env::temp_dir()).unwrap();
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
@@ -258,7 +269,7 @@ mod tests {
         let dir = dataset(MANIFEST, &snapshot, &changes);
         let data = Dataset::open(dir.path()).unwrap();
         let desc = Arc::new(data.table_desc(VnodeCount::DEFAULT).unwrap());
-        let mut beside = Validation::beside(&data, desc).unwrap();
+        let mut beside = Validation::beside(&data, desc, std::env::temp_dir()).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
         assert_eq!(beside.expected_digest(), None);

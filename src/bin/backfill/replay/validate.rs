@@ -67,20 +67,21 @@ impl Dataset {
         &self,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
     ) -> Result<DatasetSummary> {
-        self.validate_observed_from(None, observe)
+        self.validate_observed_from(&std::env::temp_dir(), None, observe)
     }
 
-    /// [`Dataset::validate_observed`] with the snapshot's batches read by someone else
-    /// (`snapshot`; `None`: read here): a replay decodes its snapshot once, for its load and
-    /// its validation.
+    /// [`Dataset::validate_observed`] spilling under `scratch`, with the snapshot's batches
+    /// read by someone else (`snapshot`; `None`: read here): a replay decodes its snapshot
+    /// once, for its load and its validation.
     pub(crate) fn validate_observed_from(
         &self,
+        scratch: &std::path::Path,
         snapshot: Option<SnapshotFeed>,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
     ) -> Result<DatasetSummary> {
         validate_with(
             self,
-            &ExternalSortOptions::new(std::env::temp_dir()),
+            &ExternalSortOptions::new(scratch.to_path_buf()),
             snapshot,
             observe,
         )
