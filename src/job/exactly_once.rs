@@ -35,6 +35,78 @@ pub struct Recovery {
 
 /// A sink that publishes a job's output exactly once (see the module docs and
 /// [`BackfillJob::run`](crate::BackfillJob::run)).
+///
+/// A sink of "files" in memory: each checkpoint's rows are made durable as a pending file,
+/// then published; `recover` drops what was never committed and publishes what was.
+///
+/// ```
+/// # use std::collections::BTreeMap;
+/// # use std::sync::{Arc, Mutex};
+/// use arrangement_backfill::{
+///     BackfillJob, ExactlyOnceSink, JobOptions, KeyColumn, MemoryStore, PreparedCheckpoint,
+///     Recovery, Result, StreamChunk, TableDesc, load_table,
+/// };
+/// # use arrow_array::{Int64Array, RecordBatch, RecordBatchIterator};
+/// # use arrow_schema::{DataType, Field, Schema};
+///
+/// #[derive(Default, Clone)]
+/// struct Files(Arc<Mutex<(BTreeMap<u64, usize>, BTreeMap<u64, usize>)>>); // (pending, published)
+///
+/// struct RowCounter { files: Files, rows: usize }
+/// struct Pending { files: Files, epoch: u64, rows: usize }
+///
+/// impl ExactlyOnceSink for RowCounter {
+///     type Prepared = Pending;
+///     fn recover(&mut self, recovery: &Recovery) -> Result<()> {
+///         let mut files = self.files.0.lock().unwrap();
+///         let committed = recovery.committed.unwrap_or(0);
+///         let pending = std::mem::take(&mut files.0);
+///         files.1.extend(pending.into_iter().filter(|(e, _)| *e <= committed));
+///         files.1.retain(|e, _| *e <= committed);
+///         Ok(())
+///     }
+///     fn write(&mut self, _epoch: u64, chunk: StreamChunk) -> Result<()> {
+///         self.rows += chunk.num_rows();
+///         Ok(())
+///     }
+///     fn prepare(&mut self, epoch: u64) -> Result<Pending> {
+///         let rows = std::mem::take(&mut self.rows);
+///         Ok(Pending { files: self.files.clone(), epoch, rows })
+///     }
+/// }
+///
+/// impl PreparedCheckpoint for Pending {
+///     fn make_durable(&mut self) -> Result<Option<String>> {
+///         self.files.0.lock().unwrap().0.insert(self.epoch, self.rows);
+///         Ok(Some(format!("{} rows", self.rows))) // committed with the checkpoint
+///     }
+///     fn publish(&mut self) -> Result<()> {
+///         let mut files = self.files.0.lock().unwrap();
+///         if let Some(rows) = files.0.remove(&self.epoch) {
+///             files.1.insert(self.epoch, rows);
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// # fn main() -> Result<()> {
+/// # tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(async {
+/// # let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+/// # let rows = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..100))])?;
+/// let store = MemoryStore::new();
+/// load_table(&store, TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("id")])?,
+///     RecordBatchIterator::new([Ok(rows)], schema))?;
+/// let job = BackfillJob::start(&store, "view", "t", JobOptions::default(),
+///     futures::stream::empty())?;
+/// let files = Files::default();
+/// let summary = job.run(&mut RowCounter { files: files.clone(), rows: 0 }).await?;
+/// assert!(summary.ended);
+/// let published: usize = files.0.lock().unwrap().1.values().sum();
+/// assert_eq!(published, 100, "every row of the table, published once");
+/// # Ok::<(), arrangement_backfill::Error>(())
+/// # })
+/// # }
+/// ```
 pub trait ExactlyOnceSink: Send + 'static {
     /// A checkpoint's output on its way to being durable and published.
     type Prepared: PreparedCheckpoint;

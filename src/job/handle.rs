@@ -470,6 +470,60 @@ impl BackfillJob {
 
     /// Where job `name` of `table` would start in `store` now (what its source must send
     /// it), without starting it; refused as [`BackfillJob::start`] would refuse it.
+    ///
+    /// A job stopped part way, then resumed with the changes after its resume point:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use arrangement_backfill::{
+    ///     BackfillJob, Change, JobOptions, KeyColumn, MemoryStore, Message, StreamChunk,
+    ///     TableDesc, load_table,
+    /// };
+    /// # use arrow_array::{Int64Array, RecordBatch, RecordBatchIterator};
+    /// # use arrow_schema::{DataType, Field, Schema};
+    /// use futures::StreamExt;
+    /// # fn main() -> arrangement_backfill::Result<()> {
+    /// # tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(async {
+    /// # let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    /// # let rows = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..1000))])?;
+    /// let store = MemoryStore::new();
+    /// load_table(&store, TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("id")])?,
+    ///     RecordBatchIterator::new([Ok(rows)], schema.clone()))?;
+    /// // Ten inserts, one epoch each.
+    /// let changes: Vec<Change> = (0..10)
+    ///     .flat_map(|i| [Change::Chunk(StreamChunk::from_text(&schema, &format!("+ {}", 5000 + i)).unwrap()),
+    ///                    Change::Checkpoint])
+    ///     .collect();
+    /// let slow = JobOptions { rate_limit: Some(2_000), ..JobOptions::default() };
+    ///
+    /// // A first run, stopped after a few barriers: it ends at a checkpoint.
+    /// let mut job = BackfillJob::start(&store, "view", "t", slow.clone(),
+    ///     futures::stream::iter(changes.clone().into_iter().map(Ok)))?;
+    /// let mut barriers = 0;
+    /// while let Some(message) = job.next().await {
+    ///     if let Message::Barrier(_) = message? {
+    ///         barriers += 1;
+    ///         if barriers == 3 { job.control().stop()?; }
+    ///     }
+    /// }
+    /// job.shutdown().await;
+    ///
+    /// // Where to resume: the changes after the first `resume.changes`.
+    /// let resume = BackfillJob::resume_point_in(&store, "view", "t")?;
+    /// assert!(resume.checkpoint.is_some() && !resume.ended);
+    /// let rest = changes.into_iter()
+    ///     .filter(|c| !matches!(c, Change::Checkpoint))
+    ///     .skip(resume.changes as usize)
+    ///     .map(Ok);
+    /// let job = BackfillJob::start(&store, "view", "t", slow, futures::stream::iter(rest))?;
+    /// assert_eq!(job.resume_point(), &resume);
+    /// let out: Vec<_> = job.collect().await;
+    /// assert!(out.iter().all(|m| m.is_ok()));
+    /// assert!(BackfillJob::resume_point_in(&store, "view", "t")?.ended);
+    /// # Ok::<(), arrangement_backfill::Error>(())
+    /// # })
+    /// # }
+    /// ```
     pub fn resume_point_in<S: StateStore>(
         store: &S,
         name: &str,
