@@ -750,3 +750,97 @@ async fn a_key_inserted_then_deleted_beside_a_delete_by_key_is_absent_after() {
     let (net, _) = collect(job).await;
     assert_eq!(net, Net::of(&model));
 }
+
+/// Other key shapes: a composite key (Utf8 ascending, Int32 descending) distributed by its
+/// first column, a Float64 value, deletes by key as a changelog batch of the key columns only
+/// and as NULL values, all checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composite_descending_key_with_deletes_by_key() {
+    use arrow_array::{Array, Float64Array, Int32Array, StringArray};
+    let schema: SchemaRef = Arc::new(Schema::new(vec![
+        Field::new("s", DataType::Utf8, false),
+        Field::new("i", DataType::Int32, false),
+        Field::new("x", DataType::Float64, true),
+    ]));
+    let store = MemoryStore::new();
+    let desc = TableDesc::new(
+        "c",
+        schema.clone(),
+        vec![KeyColumn::asc("s"), KeyColumn::desc("i")],
+    )
+    .unwrap()
+    .with_distribution_key(&["s"])
+    .unwrap();
+    let mut model: BTreeMap<(String, i32), f64> = BTreeMap::new();
+    for n in 0..500 {
+        model.insert((format!("k{}", n % 37), n), n as f64 / 3.0);
+    }
+    let rows = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from_iter_values(
+                model.keys().map(|k| k.0.clone()),
+            )),
+            Arc::new(Int32Array::from_iter_values(model.keys().map(|k| k.1))),
+            Arc::new(Float64Array::from_iter_values(model.values().copied())),
+        ],
+    )
+    .unwrap();
+    load_table(
+        &store,
+        desc,
+        RecordBatchIterator::new([Ok(rows)], schema.clone()),
+    )
+    .unwrap();
+    // Deletes by key only: `_op` and the key columns.
+    let gone = [("k3".to_string(), 3), ("k5".to_string(), 42)];
+    let keys_only = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("_op", DataType::Int8, false),
+            Field::new("s", DataType::Utf8, false),
+            Field::new("i", DataType::Int32, false),
+        ])),
+        vec![
+            Arc::new(Int8Array::from(vec![2, 2])),
+            Arc::new(StringArray::from_iter_values(
+                gone.iter().map(|k| k.0.clone()),
+            )),
+            Arc::new(Int32Array::from_iter_values(gone.iter().map(|k| k.1))),
+        ],
+    )
+    .unwrap();
+    for key in &gone {
+        model.remove(key).expect("a loaded key");
+    }
+    // An update, an insert, a delete with NULL values, in one chunk.
+    let old = model[&("k1".to_string(), 1)];
+    let text = format!("U- k1 1 {old}\nU+ k1 1 2.5\n+ new 7 NULL\n- k2 2 NULL");
+    let chunk = StreamChunk::from_text(&schema, &text).unwrap();
+    model.insert(("k1".to_string(), 1), 2.5);
+    model.remove(&("k2".to_string(), 2));
+    let source = source(vec![Change::Changelog(keys_only), Change::Chunk(chunk)]);
+    let mut job = BackfillJob::start(&store, "view", "c", options(), source).unwrap();
+    let mut net: BTreeMap<(String, i32, Option<u64>), i64> = BTreeMap::new();
+    while let Some(message) = job.next().await {
+        if let Message::Chunk(chunk) = message.unwrap() {
+            let b = chunk.batch();
+            let (s, i, x) = (
+                b.column(0).as_string::<i32>(),
+                b.column(1).as_primitive::<arrow_array::types::Int32Type>(),
+                b.column(2)
+                    .as_primitive::<arrow_array::types::Float64Type>(),
+            );
+            for (r, op) in chunk.ops().iter().enumerate() {
+                let value = x.is_valid(r).then(|| x.value(r).to_bits());
+                *net.entry((s.value(r).to_string(), i.value(r), value))
+                    .or_default() += if op.is_insert() { 1 } else { -1 };
+            }
+        }
+    }
+    net.retain(|_, n| *n != 0);
+    let mut expected: BTreeMap<(String, i32, Option<u64>), i64> = (model.iter())
+        .map(|((s, i), x)| ((s.clone(), *i, Some(x.to_bits())), 1))
+        .collect();
+    expected.insert(("new".to_string(), 7, None), 1);
+    assert_eq!(net, expected);
+}
