@@ -1,0 +1,43 @@
+from typing import Any, Optional, Sequence
+
+import pyarrow
+
+class BackfillError(Exception):
+    """An error of the engine or of the system (I/O, a store that failed)."""
+
+class BadInput(ValueError):
+    """Bad input: a schema without the key, a bad change, a bad option, a state of another
+    job. The command-line tool exits with status 2 for these."""
+
+def backfill(
+    snapshot: Any,
+    changes: Any,
+    key: Sequence[str],
+    *,
+    job: str = "view",
+    table: str = "upstream",
+    distribution_key: Optional[Sequence[str]] = None,
+    descending: Optional[Sequence[str]] = None,
+    vnodes: int = 256,
+    parallelism: int = 1,
+    order: str = "merged",
+    state: Optional[str] = None,
+    checkpoint_every: int = 1,
+    rate_limit: Optional[int] = None,
+    batch_size: int = 1024,
+    check_changes: bool = True,
+) -> pyarrow.RecordBatchReader:
+    """Backfills job ``job``: the table ``snapshot`` (loaded once; a durable ``state`` that
+    holds it already keeps its own), fed ``changes``, as a reader of the downstream changelog
+    (``_epoch``, ``_op``, the table's columns). Reading it drives the job; closing or dropping
+    it stops the job (a durable ``state`` keeps its last checkpoint; a call with the same
+    ``job`` and ``state`` resumes, its ``changes`` read again from the start and the rows the
+    table already holds skipped).
+
+    ``key``: the primary key's columns; ``descending``: those of them in descending order;
+    ``distribution_key``: the columns that pick a row's vnode (default: the key);
+    ``order``: ``"merged"`` (the snapshot in key order) or ``"vnode"`` (vnode by vnode);
+    ``rate_limit``: snapshot rows per second; ``check_changes``: check every change against
+    the table (a duplicate insert, a delete of a missing key, old values that differ are
+    ``BadInput``; a delete whose non-key columns are all null is a delete by key).
+    """

@@ -1,0 +1,95 @@
+"""The Python package from the outside: a backfill read through pyarrow and DuckDB, checked
+against the table the snapshot and the changes make; bad input as `BadInput`; a durable job
+resumed under its name."""
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+import arrangement_backfill as ab
+
+
+def snapshot(n=2000):
+    return pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array([i * 10 for i in range(n)], pa.int64())})
+
+
+def changes():
+    """Epochs 1-3: updates, deletes, inserts (deletes 7 and 8 by key only: NULL values)."""
+    rows = [
+        (1, 3, 5, 50), (1, 4, 5, 51),      # update 5
+        (1, 1, 5000, 1),                   # insert
+        (2, 2, 7, None),                   # delete by key
+        (2, 2, 8, 80),                     # delete with its values
+        (3, 3, 5, 51), (3, 4, 5, 52),      # update 5 again
+        (3, 1, 5001, 2),
+    ]
+    return pa.table({
+        "_epoch": pa.array([r[0] for r in rows], pa.uint64()),
+        "_op": pa.array([r[1] for r in rows], pa.int8()),
+        "id": pa.array([r[2] for r in rows], pa.int64()),
+        "v": pa.array([r[3] for r in rows], pa.int64()),
+    })
+
+
+def expected():
+    table = {i: i * 10 for i in range(2000)}
+    table[5] = 52
+    table[5000] = 1
+    table[5001] = 2
+    del table[7]
+    del table[8]
+    return Counter((k, v) for k, v in table.items())
+
+
+def net(batches):
+    counts = Counter()
+    for batch in batches:
+        d = batch.to_pydict()
+        for op, k, v in zip(d["_op"], d["id"], d["v"]):
+            counts[(k, v)] += 1 if op in (1, 4) else -1
+    return Counter({k: n for k, n in counts.items() if n != 0})
+
+
+def test_a_backfill_reads_as_a_pyarrow_reader_every_row_once():
+    reader = ab.backfill(snapshot(), changes(), key=["id"], parallelism=2)
+    assert isinstance(reader, pa.RecordBatchReader)
+    assert reader.schema.names == ["_epoch", "_op", "id", "v"]
+    assert net(reader) == expected()
+
+
+def test_duckdb_reads_the_backfill():
+    duckdb = pytest.importorskip("duckdb")
+    reader = ab.backfill(snapshot(), changes(), key=["id"], order="vnode")
+    rows = duckdb.sql("select _op, id, v from reader").fetchall()
+    counts = Counter()
+    for op, k, v in rows:
+        counts[(k, v)] += 1 if op in (1, 4) else -1
+    assert Counter({k: n for k, n in counts.items() if n}) == expected()
+
+
+def test_bad_input_is_a_value_error_with_the_engines_message():
+    with pytest.raises(ab.BadInput, match="nope"):
+        ab.backfill(snapshot(), changes(), key=["nope"])
+    with pytest.raises(ValueError, match="order"):
+        ab.backfill(snapshot(), changes(), key=["id"], order="sideways")
+    with pytest.raises(ab.BadInput, match="not an Arrow stream"):
+        ab.backfill([1, 2, 3], changes(), key=["id"])
+    bad = changes().to_pydict()
+    bad["_op"][2] = 1
+    bad["id"][2] = 9  # an insert of a key the table holds
+    bad = pa.table(bad, schema=changes().schema)
+    with pytest.raises(Exception, match="insert of a key the table holds already"):
+        ab.backfill(snapshot(), bad, key=["id"]).read_all()
+
+
+def test_a_durable_job_resumes_under_its_name(tmp_path):
+    state = str(tmp_path / "state")
+    first = ab.backfill(snapshot(), changes(), key=["id"], state=state, job="v1")
+    assert net(first) == expected()
+    # The same job again: it had ended; the changes it holds are skipped, no row again.
+    again = ab.backfill(snapshot(), changes(), key=["id"], state=state, job="v1")
+    assert net(again) == Counter()
+    # Another view of the same table in the same state: every row.
+    other = ab.backfill(snapshot(), changes(), key=["id"], state=state, job="v2")
+    assert net(other) == expected()
