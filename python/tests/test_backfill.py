@@ -93,3 +93,14 @@ def test_a_durable_job_resumes_under_its_name(tmp_path):
     # Another view of the same table in the same state: every row.
     other = ab.backfill(snapshot(), changes(), key=["id"], state=state, job="v2")
     assert net(other) == expected()
+
+
+def test_polars_frames_in_and_out():
+    pl = pytest.importorskip("polars")
+    snap = pl.from_arrow(snapshot())
+    reader = ab.backfill(snap, changes(), key=["id"])
+    frame = pl.from_arrow(reader.read_all())
+    counts = Counter()
+    for op, k, v in zip(frame["_op"], frame["id"], frame["v"]):
+        counts[(k, v)] += 1 if op in (1, 4) else -1
+    assert Counter({k: n for k, n in counts.items() if n}) == expected()
