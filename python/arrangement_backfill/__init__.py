@@ -6,8 +6,12 @@ a DuckDB relation's arrow stream), feeds it the changelog ``changes`` (``_epoch`
 ``_op`` int8: 1 insert, 2 delete, 3 update-delete, 4 update-insert, then the table's columns)
 and returns the downstream changelog as a ``pyarrow.RecordBatchReader``: every row of the
 table exactly once, with the changes, as the backfill produces them.
+
+The command-line tool's jobs are functions too: ``replay(dataset, out)``, ``verify(dataset,
+out)`` and ``gen(kind, out)``, with the tool's option names, returning what the tool prints as a
+dict.
 """
 
-from ._native import BackfillError, BadInput, backfill
+from ._native import BackfillError, BadInput, backfill, gen, replay, verify
 
-__all__ = ["BackfillError", "BadInput", "backfill"]
+__all__ = ["BackfillError", "BadInput", "backfill", "gen", "replay", "verify"]

@@ -41,3 +41,49 @@ def backfill(
     the table (a duplicate insert, a delete of a missing key, old values that differ are
     ``BadInput``; a delete whose non-key columns are all null is a delete by key).
     """
+
+
+def replay(
+    dataset: str,
+    out: Optional[str] = None,
+    *,
+    state: Optional[str] = None,
+    memory: bool = False,
+    fresh: bool = False,
+    vnodes: int = 256,
+    batch_size: int = 8192,
+    order: str = "merged",
+    checkpoint_every: int = 1,
+    barrier_interval_ms: Optional[int] = None,
+    rate_limit: Optional[int] = None,
+    upstream_rate: Optional[int] = None,
+    parallelism: Optional[int] = None,
+    rescale: Optional[Sequence[str]] = None,
+    tmp: Optional[str] = None,
+    verify: bool = False,
+) -> dict:
+    """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
+    resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``). Returns
+    the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
+    ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``, ``resumed_from``,
+    ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
+    ``verified`` with ``verify=True``). Bad input raises ``BadInput``; a signal
+    ``KeyboardInterrupt``; a certificate mismatch ``BackfillError``."""
+
+def verify(dataset: str, out: str, *, tmp: Optional[str] = None) -> dict:
+    """``backfill verify``: checks that ``out`` holds exactly snapshot + changes, each row once
+    (``output_files``, ``output_rows``, ``final_rows``), or raises saying what differs."""
+
+def gen(
+    kind: str,
+    out: str,
+    *,
+    scale: float = 0.01,
+    changes: Optional[int] = None,
+    epochs: int = 50,
+    seed: int = 42,
+    shape: str = "int64",
+    skew: bool = False,
+) -> dict:
+    """``backfill gen``: writes a dataset (``"tpch-lineitem"``, ``"tpch-orders"`` or
+    ``"synthetic"``) into ``out``; returns ``snapshot_rows``, ``change_rows``, ``epochs``."""

@@ -104,3 +104,23 @@ def test_polars_frames_in_and_out():
     for op, k, v in zip(frame["_op"], frame["id"], frame["v"]):
         counts[(k, v)] += 1 if op in (1, 4) else -1
     assert Counter({k: n for k, n in counts.items() if n}) == expected()
+
+
+def test_the_tools_jobs_as_functions(tmp_path):
+    ds = str(tmp_path / "ds")
+    made = ab.gen("synthetic", ds, scale=0.05, epochs=5, seed=3, shape="composite")
+    assert made["snapshot_rows"] == 5000 and made["epochs"] == 5
+    out = str(tmp_path / "out")
+    summary = ab.replay(ds, out, parallelism=2, verify=True)
+    assert summary["certificate_matches"] is True
+    assert summary["verified"]["final_rows"] > 0
+    assert summary["snapshot_rows"] == 5000
+    again = ab.replay(ds, out)
+    assert again["already_finished"] is True
+    assert ab.verify(ds, out)["final_rows"] == summary["verified"]["final_rows"]
+    memory = ab.replay(ds, str(tmp_path / "mem"), memory=True, order="vnode")
+    assert memory["certificate_matches"] is True
+    with pytest.raises(ab.BadInput):
+        ab.replay(str(tmp_path / "no-such-dataset"), out)
+    with pytest.raises(ab.BadInput):
+        ab.gen("nope", str(tmp_path / "x"))
