@@ -93,6 +93,17 @@ fn durable_store(dir: &std::path::Path) -> Result<DurableStore, Error> {
     Ok(store)
 }
 
+/// `"merged"` or `"vnode"`, the tool's `--order`.
+fn snapshot_order(order: &str) -> PyResult<SnapshotOrder> {
+    match order {
+        "merged" => Ok(SnapshotOrder::Merged),
+        "vnode" => Ok(SnapshotOrder::PerVnode),
+        other => Err(BadInput::new_err(format!(
+            "order must be \"merged\" or \"vnode\", not {other:?}"
+        ))),
+    }
+}
+
 /// What `backfill()` was asked, checked.
 struct Request {
     job: String,
@@ -190,15 +201,7 @@ fn backfill_job<'py>(
             false => KeyColumn::asc(c.as_str()),
         })
         .collect();
-    let order = match order {
-        "merged" => SnapshotOrder::Merged,
-        "vnode" => SnapshotOrder::PerVnode,
-        other => {
-            return Err(BadInput::new_err(format!(
-                "order must be \"merged\" or \"vnode\", not {other:?}"
-            )));
-        }
-    };
+    let order = snapshot_order(order)?;
     let count = VnodeCount::new(vnodes).map_err(to_py)?;
     let mut desc = TableDesc::new(table, snapshot.schema(), columns)
         .map_err(to_py)?
@@ -291,15 +294,7 @@ fn replay_fn<'py>(
     options.fresh = fresh;
     options.vnodes = VnodeCount::new(vnodes).map_err(to_py)?;
     options.batch_size = batch_size;
-    options.order = match order {
-        "merged" => SnapshotOrder::Merged,
-        "vnode" => SnapshotOrder::PerVnode,
-        other => {
-            return Err(BadInput::new_err(format!(
-                "order must be \"merged\" or \"vnode\", not {other:?}"
-            )));
-        }
-    };
+    options.order = snapshot_order(order)?;
     options.checkpoint_every = checkpoint_every;
     options.barrier_interval = barrier_interval_ms.map(std::time::Duration::from_millis);
     options.rate_limit = rate_limit;
