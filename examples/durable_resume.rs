@@ -14,8 +14,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use arrangement_backfill::{BackfillJob, DurableStore, JobOptions, Message, StreamChunk};
-use common::{after, changes, exit_on, net_of_files, write_durable};
+use arrangement_backfill::{BackfillJob, Message, StreamChunk};
+use common::{exit_on, net_of_files, write_durable};
 use futures::StreamExt;
 
 const ROWS: i64 = 50_000;
@@ -24,11 +24,7 @@ const EPOCHS: usize = 200;
 
 /// Runs the job on the store in `dir` until its end (or a kill), its output into `dir/out`.
 async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
-    let store = DurableStore::open(dir.join("state"))?;
-    let mut model = common::Model::new();
-    model.extend((0..ROWS).map(|k| (k, k * 10)));
-    let all = changes(&mut model, SEED, EPOCHS);
-    let resume = BackfillJob::resume_point_in(&store, "view", "t")?;
+    let (store, resume, rest, options) = common::resumed(dir, ROWS, SEED, EPOCHS)?;
     // Output of epochs after the last checkpoint was never committed: gone.
     let out = dir.join("out");
     for (epoch, path) in common::epoch_files(&out)? {
@@ -36,13 +32,7 @@ async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
             std::fs::remove_file(path)?;
         }
     }
-    println!("starting at {resume:?}");
-    let source = futures::stream::iter(after(all, resume.changes).into_iter().map(Ok));
-    let options = JobOptions {
-        rate_limit: Some(30_000),
-        barrier_interval: Some(Duration::from_millis(20)),
-        ..JobOptions::default()
-    };
+    let source = futures::stream::iter(rest.into_iter().map(Ok));
     let mut job = BackfillJob::start(&store, "view", "t", options, source)?;
     let (mut epoch, mut rows) = (resume.epoch, Vec::<StreamChunk>::new());
     while let Some(message) = job.next().await {

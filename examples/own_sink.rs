@@ -14,10 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use arrangement_backfill::{
-    BackfillJob, DurableStore, ExactlyOnceSink, JobOptions, PreparedCheckpoint, Recovery,
-    StreamChunk,
+    BackfillJob, ExactlyOnceSink, PreparedCheckpoint, Recovery, StreamChunk,
 };
-use common::{after, changes, exit_on, net_of_files, write_durable};
+use common::{exit_on, net_of_files, write_durable};
 
 const ROWS: i64 = 50_000;
 const SEED: u64 = 11;
@@ -124,17 +123,8 @@ impl PreparedCheckpoint for PendingFile {
 
 /// Runs the job on the store in `dir` until its end (or a kill), into the sink in `dir/out`.
 async fn run(dir: &Path) -> arrangement_backfill::Result<()> {
-    let store = DurableStore::open(dir.join("state"))?;
-    let mut model: common::Model = (0..ROWS).map(|k| (k, k * 10)).collect();
-    let all = changes(&mut model, SEED, EPOCHS);
-    let resume = BackfillJob::resume_point_in(&store, "view", "t")?;
-    println!("starting at {resume:?}");
-    let source = futures::stream::iter(after(all, resume.changes).into_iter().map(Ok));
-    let options = JobOptions {
-        rate_limit: Some(30_000),
-        barrier_interval: Some(Duration::from_millis(20)),
-        ..JobOptions::default()
-    };
+    let (store, _, rest, options) = common::resumed(dir, ROWS, SEED, EPOCHS)?;
+    let source = futures::stream::iter(rest.into_iter().map(Ok));
     let job = BackfillJob::start(&store, "view", "t", options, source)?;
     let mut sink = FileSink {
         dir: dir.join("out"),

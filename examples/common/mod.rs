@@ -23,9 +23,14 @@ pub fn schema() -> SchemaRef {
 /// The upstream as a model: key to value.
 pub type Model = BTreeMap<i64, i64>;
 
+/// The table `t` as loaded: keys `0..rows`, values `10 * key`.
+pub fn initial_model(rows: i64) -> Model {
+    (0..rows).map(|k| (k, k * 10)).collect()
+}
+
 /// Loads table `t` with `rows` rows into `store`; returns its model.
 pub fn load<S: StateStore>(store: &S, rows: i64) -> arrangement_backfill::Result<Model> {
-    let model: Model = (0..rows).map(|k| (k, k * 10)).collect();
+    let model = initial_model(rows);
     let batch = RecordBatch::try_new(
         schema(),
         vec![
@@ -242,4 +247,33 @@ pub fn loaded_and_killed(
     let path = dir.path().to_str().unwrap_or_default().to_string();
     run_child_and_kill(&["--child", &path], after)?;
     Ok((dir, model))
+}
+
+/// The kill examples' job, run or rerun in `dir`: its durable store (`DIR/state`), where job
+/// `view` resumes, the changes after that point (of `rows` rows and `epochs` epochs of the
+/// changes of `seed`), and the options both examples run it with (slowed, so that the kill
+/// lands mid-backfill).
+pub fn resumed(
+    dir: &std::path::Path,
+    rows: i64,
+    seed: u64,
+    epochs: usize,
+) -> arrangement_backfill::Result<(
+    arrangement_backfill::DurableStore,
+    arrangement_backfill::ResumePoint,
+    Vec<Change>,
+    arrangement_backfill::JobOptions,
+)> {
+    let store = arrangement_backfill::DurableStore::open(dir.join("state"))?;
+    let mut model = initial_model(rows);
+    let all = changes(&mut model, seed, epochs);
+    let resume = arrangement_backfill::BackfillJob::resume_point_in(&store, "view", "t")?;
+    println!("starting at {resume:?}");
+    let rest = after(all, resume.changes);
+    let options = arrangement_backfill::JobOptions {
+        rate_limit: Some(30_000),
+        barrier_interval: Some(std::time::Duration::from_millis(20)),
+        ..arrangement_backfill::JobOptions::default()
+    };
+    Ok((store, resume, rest, options))
 }
