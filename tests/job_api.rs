@@ -287,6 +287,67 @@ async fn a_job_resumes_on_the_durable_store_from_its_last_checkpoint() {
     );
 }
 
+/// One store object, two jobs of the same name in turn (an embedding that restarts a job in
+/// its own process): what the first left sealed and uncommitted when it was dropped or shut
+/// down mid-epoch is not committed by the second, which resumes exactly.
+async fn restarted_in_process<S: StateStore>(store: S, stop_after: usize, drop_it: bool) {
+    let mut model = load(&store);
+    let all = changes(&mut model, 5, 40);
+    let slow = JobOptions {
+        rate_limit: Some(4_000),
+        ..options()
+    };
+    let mut kept: BTreeMap<u64, Vec<StreamChunk>> = BTreeMap::new();
+    let mut job = BackfillJob::start(&store, "view", "t", slow, source(all.clone())).unwrap();
+    let (mut epoch, mut barriers) = (0, 0);
+    while let Some(message) = job.next().await {
+        match message.unwrap() {
+            Message::Chunk(chunk) => kept.entry(epoch).or_default().push(chunk),
+            Message::Barrier(b) => {
+                epoch = b.epoch.curr;
+                barriers += 1;
+                if barriers == stop_after {
+                    break;
+                }
+            }
+            Message::Watermark(_) => {}
+        }
+    }
+    if drop_it {
+        drop(job);
+        // Its tasks let go of the table a moment later.
+        let mut tries = 0;
+        while store.writer_claims().claim("t", "probe").is_err() {
+            tries += 1;
+            assert!(tries < 500, "the dropped job never let go of its table");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    } else {
+        job.shutdown().await;
+    }
+    let resume = BackfillJob::resume_point_in(&store, "view", "t").unwrap();
+    let checkpoint = resume.checkpoint.unwrap_or(0);
+    let mut net = Net::default();
+    for (_, chunks) in kept.range(..=checkpoint) {
+        for chunk in chunks {
+            net.add(chunk);
+        }
+    }
+    let rest = after(all, resume.changes);
+    let job = BackfillJob::start(&store, "view", "t", options(), source(rest)).unwrap();
+    let (net, _) = collect_into(net, job).await;
+    assert_eq!(net, Net::of(&model), "stopped after {stop_after} barriers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_restarted_on_the_same_store_object_resumes_exactly() {
+    for (stop_after, drop_it) in [(3, true), (9, false), (14, true), (20, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        restarted_in_process(DurableStore::open(dir.path()).unwrap(), stop_after, drop_it).await;
+        restarted_in_process(MemoryStore::new(), stop_after, drop_it).await;
+    }
+}
+
 async fn first_error(store: &MemoryStore, name: &str, text: &str, check: bool) -> Option<Error> {
     let chunk = StreamChunk::from_text(&schema(), text).unwrap();
     let options = JobOptions {

@@ -10,8 +10,12 @@ table exactly once, with the changes, as the backfill produces them.
 The command-line tool's jobs are functions too: ``replay(dataset, out)``, ``verify(dataset,
 out)`` and ``gen(kind, out)``, with the tool's option names, returning what the tool prints as a
 dict.
+
+Ctrl-C stops a ``backfill()`` read or a ``replay`` at a checkpoint and raises
+``KeyboardInterrupt``; the same call resumes. ``resume_point(state, job=...)`` says where a
+durable job stands.
 """
 
-from ._native import BackfillError, BadInput, backfill, gen, replay, verify
+from ._native import BackfillError, BadInput, backfill, gen, replay, resume_point, verify
 
-__all__ = ["BackfillError", "BadInput", "backfill", "gen", "replay", "verify"]
+__all__ = ["BackfillError", "BadInput", "backfill", "gen", "replay", "resume_point", "verify"]

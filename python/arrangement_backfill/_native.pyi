@@ -1,4 +1,4 @@
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import pyarrow
 
@@ -12,35 +12,64 @@ class BadInput(ValueError):
 def backfill(
     snapshot: Any,
     changes: Any,
-    key: Sequence[str],
+    key: Union[str, Sequence[str]],
     *,
     job: str = "view",
     table: str = "upstream",
-    distribution_key: Optional[Sequence[str]] = None,
-    descending: Optional[Sequence[str]] = None,
+    distribution_key: Optional[Union[str, Sequence[str]]] = None,
+    descending: Optional[Union[str, Sequence[str]]] = None,
     vnodes: int = 256,
     parallelism: int = 1,
-    order: str = "merged",
+    order: Union[str, Mapping[str, str], None] = None,
     state: Optional[str] = None,
     checkpoint_every: int = 1,
+    barrier_interval_ms: Optional[int] = 1000,
     rate_limit: Optional[int] = None,
-    batch_size: int = 1024,
+    batch_size: int = 8192,
     check_changes: bool = True,
 ) -> pyarrow.RecordBatchReader:
     """Backfills job ``job``: the table ``snapshot`` (loaded once; a durable ``state`` that
     holds it already keeps its own), fed ``changes``, as a reader of the downstream changelog
-    (``_epoch``, ``_op``, the table's columns). Reading it drives the job; closing or dropping
-    it stops the job (a durable ``state`` keeps its last checkpoint; a call with the same
-    ``job`` and ``state`` resumes, its ``changes`` read again from the start and the rows the
-    table already holds skipped).
+    (``_epoch``, ``_op``, the table's columns) that DuckDB (``duckdb.sql("from reader")``) and
+    Polars (``polars.from_arrow(reader)``) read directly.
 
-    ``key``: the primary key's columns; ``descending``: those of them in descending order;
+    Reading it drives the job, without the GIL. Each batch's ``_epoch`` is the job's epoch; a
+    checkpoint at epoch E commits once the reader has been asked for the batch after epoch E's
+    rows. Ctrl-C during a read raises ``KeyboardInterrupt`` and stops the job; so does dropping
+    the reader (``del reader``; pyarrow's ``close()`` of this reader does not reach the job).
+    A durable job (``state`` a directory) then resumes from its last checkpoint under the same
+    ``job`` and ``state``: its ``changes`` are read again from the start and those the table
+    already holds skipped; ``resume_point(state, job=...)`` names the checkpoint, so a consumer
+    that keeps the rows of epochs up to it, and every row of the resumed run, has every row
+    once.
+
+    ``snapshot``, ``changes``: objects with ``__arrow_c_stream__`` (a pyarrow Table or
+    RecordBatchReader, a Polars DataFrame, a DuckDB relation's ``arrow()`` reader); ``changes``
+    has ``_epoch`` (uint64; a new value closes an epoch) and ``_op`` (int8: 1 insert, 2 delete,
+    3 update-delete, 4 update-insert), then the table's columns, cut into batches anywhere (an
+    update's two rows may fall in two batches).
+    ``key``: the primary key's columns; ``order``: ``{column: "desc"}`` for key columns in
+    descending order (or ``descending=[...]``), else ``"merged"`` (the default: the snapshot in
+    key order across vnodes) or ``"vnode"`` (vnode by vnode, no merge);
     ``distribution_key``: the columns that pick a row's vnode (default: the key);
-    ``order``: ``"merged"`` (the snapshot in key order) or ``"vnode"`` (vnode by vnode);
-    ``rate_limit``: snapshot rows per second; ``check_changes``: check every change against
-    the table (a duplicate insert, a delete of a missing key, old values that differ are
-    ``BadInput``; a delete whose non-key columns are all null is a delete by key).
+    ``parallelism``: backfill actors; ``batch_size``: rows per snapshot batch;
+    ``rate_limit``: snapshot rows per second; ``barrier_interval_ms``: an epoch closes at
+    least this often (``None``: only at the changes' epochs); ``checkpoint_every``: every
+    n-th barrier is a checkpoint; ``check_changes``: check every change against the table (a
+    duplicate insert, a delete of a missing key, old values that differ are ``BadInput``; a
+    delete whose non-key columns are all null is a delete by key).
+
+    Raises ``BadInput`` (a ``ValueError``) for what the caller can fix: a key not in the
+    schema, a non-Arrow object, a bad option, a bad change (raised by the read that meets it),
+    a state of another job definition; ``BackfillError`` for the system's failures.
     """
+
+def resume_point(state: str, *, job: str = "view", table: str = "upstream") -> Optional[dict]:
+    """Where job ``job`` of the durable ``state`` stands: ``checkpoint`` (its last committed
+    epoch, ``None`` for a job never run), ``finished`` (its backfill done), ``ended`` (it ran to
+    its end), ``changes`` (change rows the table holds), ``upstream_epoch`` (the ``_epoch`` of
+    the last of them) and ``epoch`` (the store's). ``None`` when ``state`` holds no table
+    ``table``."""
 
 
 def replay(
@@ -61,14 +90,18 @@ def replay(
     rescale: Optional[Sequence[str]] = None,
     tmp: Optional[str] = None,
     verify: bool = False,
+    progress: bool = False,
 ) -> dict:
     """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
     resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``). Returns
     the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
     ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``, ``resumed_from``,
     ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
-    ``verified`` with ``verify=True``). Bad input raises ``BadInput``; a signal
-    ``KeyboardInterrupt``; a certificate mismatch ``BackfillError``."""
+    ``verified`` with ``verify=True``). Runs without the GIL. Ctrl-C stops it at its next
+    checkpoint, as SIGINT stops the tool, and raises ``KeyboardInterrupt``: the same call
+    resumes. ``progress=True`` shows a progress bar (``tqdm`` when installed, in a terminal or
+    a notebook; else a line a second on ``sys.stderr``). Bad input raises ``BadInput``; a
+    certificate mismatch ``BackfillError``."""
 
 def verify(dataset: str, out: str, *, tmp: Optional[str] = None) -> dict:
     """``backfill verify``: checks that ``out`` holds exactly snapshot + changes, each row once

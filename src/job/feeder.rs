@@ -21,7 +21,7 @@ use crate::backfill::BackfillStats;
 use crate::chunk::{Message, Mutation, StreamChunk};
 use crate::error::{Result, internal};
 use crate::job::barrier::{BarrierInjector, InFlight};
-use crate::job::upstream::{Change, Checker, changelog_chunk};
+use crate::job::upstream::{Change, Checker, UpdatePairs, changelog_chunk};
 use crate::store::{StateTable, WriterClaim};
 
 /// How far the upstream table is, as of a sealed epoch: what a checkpoint commits as the
@@ -55,6 +55,8 @@ pub(crate) struct Feeder<T: StateTable, C> {
     pub changes: C,
     pub table: T,
     pub checker: Option<Checker>,
+    /// Updates cut between changelog batches, joined.
+    pub pairs: UpdatePairs,
     pub injector: BarrierInjector,
     pub in_flight: InFlight,
     pub tx: mpsc::Sender<Result<Message>>,
@@ -114,10 +116,14 @@ impl<T: StateTable, C: Stream<Item = Result<Change>> + Unpin> Feeder<T, C> {
                 }
                 item = self.changes.next() => item,
             };
-            let Some(item) = item else { break };
+            let Some(item) = item else {
+                self.pairs.check_complete("the end of the changes")?;
+                break;
+            };
             match item? {
                 Change::Barrier | Change::Checkpoint if !dirty => {}
                 change @ (Change::Barrier | Change::Checkpoint) => {
+                    self.pairs.check_complete("a barrier the source sent")?;
                     open = self
                         .barrier(matches!(change, Change::Checkpoint), None)
                         .await?;
@@ -125,9 +131,13 @@ impl<T: StateTable, C: Stream<Item = Result<Change>> + Unpin> Feeder<T, C> {
                     dirty = false;
                 }
                 Change::Chunk(chunk) => {
+                    self.pairs.check_complete("a chunk")?;
                     dirty |= self.apply(chunk, open).await?;
                 }
                 Change::Changelog(batch) => {
+                    let Some(batch) = self.pairs.join(batch)? else {
+                        continue;
+                    };
                     let (chunk, epochs) = changelog_chunk(self.table.desc(), &batch)?;
                     let Some(epochs) = epochs else {
                         dirty |= self.apply(chunk, open).await?;

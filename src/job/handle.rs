@@ -371,6 +371,13 @@ impl BackfillJob {
             ));
         }
         let claim = store.writer_claims().claim(table, name)?;
+        // What an earlier job of this table left sealed and uncommitted in this process (it
+        // was dropped mid-epoch) is not this job's to commit.
+        let progress_table = format!("{table}.backfill.{name}");
+        store.discard_uncommitted_of(table)?;
+        if store.table_desc(&progress_table).is_ok() {
+            store.discard_uncommitted_of(&progress_table)?;
+        }
         if checkpoint.is_none() {
             store.stage_meta(
                 &keys.job("definition"),
@@ -393,7 +400,7 @@ impl BackfillJob {
             batch_size: options.batch_size,
             order: options.order,
             rate_limit: options.rate_limit,
-            progress_table: Some(format!("{table}.backfill.{name}")),
+            progress_table: Some(progress_table),
             patch_budget: options.patch_budget,
         };
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -411,6 +418,7 @@ impl BackfillJob {
             changes,
             table: upstream,
             checker,
+            pairs: Default::default(),
             injector: BarrierInjector::new(committed, options.checkpoint_every)?,
             in_flight,
             tx,

@@ -17,12 +17,14 @@
 
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int8Type;
 use arrow_array::{Array, ArrayRef, RecordBatch, new_null_array};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{Field, Schema};
 use hashbrown::HashMap;
 
-use crate::chunk::StreamChunk;
+use crate::chunk::{Op, StreamChunk};
 use crate::error::{Error, Result};
 use crate::store::StateTable;
 use crate::table::{TableDesc, describe_row};
@@ -111,6 +113,59 @@ pub(crate) fn changelog_chunk(
     }
     let padded = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
     Ok((StreamChunk::new(padded, ops)?, epochs))
+}
+
+/// Keeps an update's two halves together across changelog batches: a batch that ends with an
+/// update-delete (U-) holds it back until the next batch brings its update-insert (U+), so a
+/// source may cut its changelog anywhere (a reader's batch size, DuckDB's vectors).
+#[derive(Debug, Default)]
+pub(crate) struct UpdatePairs {
+    /// The last row of the previous batch, a U- whose U+ has not come yet.
+    held: Option<RecordBatch>,
+}
+
+impl UpdatePairs {
+    /// `batch` with the row held back before it, less its own trailing U- (held back in
+    /// turn); `None` when nothing is left to apply.
+    pub fn join(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
+        let batch = match self.held.take() {
+            None => batch,
+            Some(held) => {
+                if held.schema().fields() != batch.schema().fields() {
+                    return Err(Error::SchemaMismatch {
+                        context: "a changelog batch after one that ended with an update-delete \
+                                  (U-)"
+                            .into(),
+                        expected: held.schema().to_string(),
+                        found: batch.schema().to_string(),
+                    });
+                }
+                arrow_select::concat::concat_batches(&held.schema(), [&held, &batch])?
+            }
+        };
+        let rows = batch.num_rows();
+        let ops = batch
+            .column_by_name("_op")
+            .and_then(|ops| ops.as_primitive_opt::<Int8Type>());
+        let ends_with_update_delete = (ops.filter(|ops| rows > 0 && ops.is_valid(rows - 1)))
+            .is_some_and(|ops| ops.value(rows - 1) == Op::UpdateDelete.code());
+        if !ends_with_update_delete {
+            return Ok(Some(batch));
+        }
+        self.held = Some(batch.slice(rows - 1, 1));
+        Ok((rows > 1).then(|| batch.slice(0, rows - 1)))
+    }
+
+    /// Before a barrier the source asked for, or at the source's end: no update may be left
+    /// half-sent.
+    pub fn check_complete(&self, at: &str) -> Result<()> {
+        match self.held {
+            None => Ok(()),
+            Some(_) => Err(Error::InvalidChunk(format!(
+                "an update-delete (U-) was not followed by its update-insert (U+) before {at}"
+            ))),
+        }
+    }
 }
 
 /// Checks changes against the table (see the module docs) and resolves deletes by key.
@@ -239,5 +294,70 @@ impl Checker {
             }
         }
         StreamChunk::new(resolved, ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{Int8Array, Int64Array};
+    use arrow_schema::DataType;
+
+    use super::*;
+
+    fn batch(rows: &[(i8, i64)]) -> RecordBatch {
+        let schema = Schema::new(vec![
+            Field::new("_op", DataType::Int8, false),
+            Field::new("k", DataType::Int64, false),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(Int8Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn rows(batch: &RecordBatch) -> Vec<(i8, i64)> {
+        let ops = batch.column(0).as_primitive::<Int8Type>();
+        let keys = batch
+            .column(1)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        (0..batch.num_rows())
+            .map(|i| (ops.value(i), keys.value(i)))
+            .collect()
+    }
+
+    #[test]
+    fn an_update_cut_between_batches_is_joined() {
+        let mut pairs = UpdatePairs::default();
+        let first = pairs.join(batch(&[(1, 1), (3, 2)])).unwrap().unwrap();
+        assert_eq!(rows(&first), [(1, 1)]);
+        assert!(pairs.check_complete("a barrier").is_err());
+        // A batch of only the held-back half's partner, then one of only a U-.
+        let second = pairs.join(batch(&[(4, 2)])).unwrap().unwrap();
+        assert_eq!(rows(&second), [(3, 2), (4, 2)]);
+        assert!(pairs.join(batch(&[(3, 5)])).unwrap().is_none());
+        let third = pairs.join(batch(&[(4, 5), (2, 7)])).unwrap().unwrap();
+        assert_eq!(rows(&third), [(3, 5), (4, 5), (2, 7)]);
+        pairs.check_complete("the end").unwrap();
+        // An empty batch passes through; a whole batch without a trailing U- is untouched.
+        assert_eq!(pairs.join(batch(&[])).unwrap().unwrap().num_rows(), 0);
+    }
+
+    #[test]
+    fn a_held_update_and_a_batch_of_another_schema_is_an_error() {
+        let mut pairs = UpdatePairs::default();
+        pairs.join(batch(&[(3, 2)])).unwrap();
+        let other = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("_op", DataType::Int8, false)])),
+            vec![Arc::new(Int8Array::from(vec![4]))],
+        )
+        .unwrap();
+        assert!(matches!(
+            pairs.join(other),
+            Err(Error::SchemaMismatch { .. })
+        ));
     }
 }

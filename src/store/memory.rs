@@ -197,6 +197,14 @@ impl StateStore for MemoryStore {
         Ok(self.read()?.meta.get(key).cloned())
     }
 
+    fn discard_uncommitted_of(&self, table: &str) -> Result<()> {
+        let mut inner = self.write()?;
+        let table = (inner.tables.get_mut(table))
+            .ok_or_else(|| Error::InvalidConfig(format!("no table `{table}` in the store")))?;
+        table.sealed.clear();
+        Ok(())
+    }
+
     fn stage_meta(&self, key: &str, value: &str) -> Result<()> {
         self.write()?
             .staged_meta

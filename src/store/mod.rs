@@ -107,6 +107,12 @@ pub trait StateStore: Clone + Send + Sync + 'static {
     /// Makes every layer sealed at or below `epoch` durable, atomically across all tables.
     fn commit(&self, epoch: u64) -> Result<()>;
 
+    /// Drops `table`'s sealed, uncommitted epochs: what a writer that stopped between a seal
+    /// and its commit left in this store (a job dropped or shut down mid-epoch; a crash
+    /// leaves nothing, the store reopens at its commit). The caller holds the table's writer
+    /// claim: no live handle writes it.
+    fn discard_uncommitted_of(&self, table: &str) -> Result<()>;
+
     /// The last committed epoch, if any.
     fn committed_epoch(&self) -> Result<Option<u64>>;
 

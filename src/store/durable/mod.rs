@@ -674,6 +674,19 @@ impl StateStore for DurableStore {
         Ok(self.read()?.meta.get(key).cloned())
     }
 
+    fn discard_uncommitted_of(&self, table: &str) -> Result<()> {
+        let mut state = self.write()?;
+        let t = state.tables.get_mut(table);
+        let dropped = std::mem::take(&mut crate::store::rules::known(t, table)?.sealed);
+        // Spilled runs' files are obsolete until a manifest names them: dropped, removed.
+        let freed: usize = (dropped.values().flat_map(|layer| layer.values()))
+            .flat_map(|v| &v.runs)
+            .map(LayerRun::memory_bytes)
+            .sum();
+        state.memory = state.memory.saturating_sub(freed);
+        Ok(())
+    }
+
     fn stage_meta(&self, key: &str, value: &str) -> Result<()> {
         self.write()?
             .staged_meta
