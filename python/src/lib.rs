@@ -32,6 +32,12 @@ mod tool;
 mod wait;
 
 use arrangement_backfill::{DurableStore, Error};
+
+/// The same allocator as the `backfill` binary (BENCHMARKS.md, "Allocator"): Rust's own
+/// allocations in this module (Arrow buffers the engine makes are freed by it too, through
+/// the Arrow C interface's release callbacks).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 

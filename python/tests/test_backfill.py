@@ -124,3 +124,21 @@ def test_the_tools_jobs_as_functions(tmp_path):
         ab.replay(str(tmp_path / "no-such-dataset"), out)
     with pytest.raises(ab.BadInput):
         ab.gen("nope", str(tmp_path / "x"))
+
+
+def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
+    """README's Python example, run as a user would (from a copy of the repository's root:
+    the bundled dataset where it says)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Python"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "datasets").symlink_to(root / "datasets")
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["summary"]["verified"]["final_rows"] > 0
+    assert scope["summary"]["certificate_matches"] is True
