@@ -331,6 +331,15 @@ pub fn backfill_job<'py>(
     check_changes: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let runtime = runtime()?;
+    if table.is_empty() {
+        return Err(BadInput::new_err("table: a name, not \"\""));
+    }
+    if let Some(dir) = state.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        return Err(BadInput::new_err(format!(
+            "state: {} is not a directory",
+            dir.display()
+        )));
+    }
     let snapshot = ArrowArrayStreamReader::from_pyarrow_bound(snapshot)
         .map_err(|e| BadInput::new_err(format!("snapshot: not an Arrow stream: {e}")))?;
     let changes = ArrowArrayStreamReader::from_pyarrow_bound(changes)

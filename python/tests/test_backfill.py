@@ -142,3 +142,42 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["summary"]["verified"]["final_rows"] > 0
     assert scope["summary"]["certificate_matches"] is True
+
+
+def test_whatever_python_passes_in_is_an_exception_not_a_crash(tmp_path):
+    """Wrong types, schemas without the key, non-Arrow objects, failing producers: each an
+    exception naming what is wrong (BadInput where the caller can fix it)."""
+    snap, ch = snapshot(10), changes()
+
+    def failing():
+        yield snap.to_batches()[0]
+        raise RuntimeError("the producer failed")
+
+    bad = {
+        "key": dict(key=None),
+        "not an Arrow stream": dict(key="id", snapshot={"id": [1]}),
+        "_op": dict(key="id", changes=ch.set_column(1, "_op", pa.array([1] * ch.num_rows, pa.int32()))),
+        "_epoch": dict(key="id", changes=ch.set_column(0, "_epoch", pa.array([1] * ch.num_rows, pa.int64()))),
+        "a column `x`": dict(key="id", changes=ch.append_column("x", pa.array([1] * ch.num_rows))),
+        "vnode hashing does not support": dict(
+            key="id", snapshot=pa.table({"id": pa.array([[1]]), "v": pa.array([1])})),
+        "vnode count": dict(key="id", vnodes=10**9),
+        "job name": dict(key="id", job="../elsewhere", state=str(tmp_path / "s")),
+        "not a directory": dict(key="id", state=__file__),
+        "at least one column": dict(key=[]),
+        "listed twice": dict(key=["id", "id"]),
+        "parallelism": dict(key="id", parallelism=0),
+        "rate_limit": dict(key="id", rate_limit=0),
+        "barrier_interval_ms": dict(key="id", barrier_interval_ms=0),
+    }
+    for message, args in bad.items():
+        args = {"snapshot": snap, "changes": ch, **args}
+        with pytest.raises(ab.BadInput, match=message):
+            ab.backfill(args.pop("snapshot"), args.pop("changes"), **args).read_all()
+    with pytest.raises(ab.BackfillError, match="the producer failed"):
+        ab.backfill(pa.RecordBatchReader.from_batches(snap.schema, failing()), ch, key="id").read_all()
+    # A reader read to its end, then read again: the end again.
+    reader = ab.backfill(snap, ch, key="id")
+    reader.read_all()
+    with pytest.raises(StopIteration):
+        reader.read_next_batch()
