@@ -20,7 +20,8 @@
 //!   tests');
 //! - [`cli`]: running the `backfill` binary and reading its output directory;
 //! - [`dataset`]: dataset directories written by hand, Parquet files read back;
-//! - [`files`]: directory trees compared byte for byte.
+//! - [`files`]: directory trees compared byte for byte;
+//! - [`s3`]: a local S3 protocol server (moto) and uploads to it.
 //!
 //! Every test file that says `mod common;` compiles all of it, hence `dead_code` allowed.
 
@@ -31,6 +32,8 @@ pub mod changes;
 pub mod cli;
 pub mod dataset;
 pub mod files;
+#[cfg(feature = "cli")]
+pub mod s3;
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;

@@ -63,6 +63,7 @@ use crate::job::{
 use crate::replay::Dataset;
 use crate::replay::SnapshotFeed;
 use crate::replay::prefetch::Prefetch;
+use crate::replay::storage;
 use crate::store::durable::{self, DirLock};
 use crate::store::io::{RealIo, StorageIo};
 use crate::store::{DurableOptions, DurableStore, MemoryStore, StateStore};
@@ -514,36 +515,32 @@ struct InputFile {
 
 impl InputFile {
     fn of(path: &Path) -> Result<Self> {
-        use std::io::{Read, Seek, SeekFrom};
-        use std::os::unix::fs::MetadataExt;
-        let mut file = std::fs::File::open(path).map_err(|e| crate::store::io::named(path, e))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| crate::store::io::named(path, e))?;
-        let size = meta.len();
+        use parquet::file::reader::{ChunkReader, Length};
+        let file = storage::open(path)?;
+        let size = file.len();
         let bad = |what: &str| Error::dataset(path, "", format!("not a Parquet file: {what}"));
+        let read = |start: u64, len: usize| {
+            file.get_bytes(start, len)
+                .map_err(|e| Error::dataset(path, "", format!("cannot read: {e}")))
+        };
         if size < 12 {
             return Err(bad("shorter than a footer"));
         }
-        let mut tail = [0u8; 8];
-        file.seek(SeekFrom::End(-8))
-            .and_then(|_| file.read_exact(&mut tail))
-            .map_err(|e| crate::store::io::named(path, e))?;
+        let tail = read(size - 8, 8)?;
         let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
         if &tail[4..] != b"PAR1" || footer_len + 8 > size {
             return Err(bad("no footer"));
         }
-        let mut footer = vec![0u8; footer_len as usize + 8];
-        file.seek(SeekFrom::End(-(footer.len() as i64)))
-            .and_then(|_| file.read_exact(&mut footer))
-            .map_err(|e| crate::store::io::named(path, e))?;
+        let footer = read(size - footer_len - 8, footer_len as usize + 8)?;
         Ok(Self {
             name: path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             size,
-            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            modified_ns: file
+                .modified_ns()
+                .map_err(|e| crate::store::io::named(path, e))?,
             footer_crc: crc32fast::hash(&footer),
         })
     }

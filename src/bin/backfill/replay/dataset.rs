@@ -81,6 +81,7 @@ impl Dataset {
     /// file `_epoch: UInt64`, `_op: Int8`, then those columns. Nullability may differ: the
     /// dataset schema makes a column nullable if any file does.
     pub fn open(dir: &Path) -> Result<Dataset> {
+        let dir = &super::storage::local_or_url(&dir.to_string_lossy());
         let manifest = Manifest::load(dir)?;
         let snapshot_dir = dir.join(SNAPSHOT_DIR);
         let snapshot_listing = files::list_parquet_files(&snapshot_dir, true)?;

@@ -10,7 +10,6 @@
 //! most 2 GiB (its offsets are `i32`), so [`open_reader`] shrinks the batch size of a file
 //! whose byte-array columns are large ([`batch_rows`]).
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,6 +24,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::ParquetMetaData;
 
+use super::storage::{self, DataFile};
 use crate::error::{Error, Result};
 
 /// The files of a dataset directory: the Parquet files to read and the skipped ones.
@@ -39,6 +39,9 @@ pub(crate) struct Listing {
 /// The Parquet files of `dir`, in name order. A missing directory is an empty list when
 /// `required` is false and an error otherwise.
 pub(crate) fn list_parquet_files(dir: &Path, required: bool) -> Result<Listing> {
+    if storage::is_url(dir) {
+        return list_objects(dir, required);
+    }
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
@@ -84,20 +87,55 @@ pub(crate) fn list_parquet_files(dir: &Path, required: bool) -> Result<Listing> 
     Ok(Listing { files, skipped })
 }
 
+/// [`list_parquet_files`] of a directory on object storage.
+fn list_objects(dir: &Path, required: bool) -> Result<Listing> {
+    let Some(mut entries) = storage::list(dir)? else {
+        if required {
+            return Err(Error::dataset(
+                dir,
+                "",
+                "no such directory (no object under it)",
+            ));
+        }
+        return Ok(Listing::default());
+    };
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut listing = Listing::default();
+    for entry in entries {
+        if entry.name.starts_with('.') || entry.name.starts_with('_') {
+            listing.skipped.push(entry.path);
+        } else if !entry.is_file {
+            return Err(Error::dataset(
+                &entry.path,
+                "",
+                "not a Parquet file (a directory)",
+            ));
+        } else if !entry.name.ends_with(".parquet") {
+            return Err(Error::dataset(
+                &entry.path,
+                "",
+                "not a Parquet file (expected a `.parquet` name)",
+            ));
+        } else {
+            listing.files.push(entry.path);
+        }
+    }
+    Ok(listing)
+}
+
 fn unreadable(path: &Path, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::dataset_caused_by(path, "", "unreadable Parquet file", e)
 }
 
-pub(crate) fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file =
-        File::open(path).map_err(|e| Error::dataset(path, "", format!("cannot open: {e}")))?;
+pub(crate) fn builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<DataFile>> {
+    let file = storage::open(path)?;
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| unreadable(path, e))
 }
 
 /// A builder of readers of `path` that read narrow dictionary columns (8 or 16-bit keys)
 /// with 32-bit keys, and the file's own Arrow schema, which [`BatchReader`] converts them
 /// back to (see [`crate::dictionary::widened_schema`]).
-fn wide_builder(path: &Path) -> Result<(ParquetRecordBatchReaderBuilder<File>, SchemaRef)> {
+fn wide_builder(path: &Path) -> Result<(ParquetRecordBatchReaderBuilder<DataFile>, SchemaRef)> {
     let builder = builder(path)?;
     let schema = builder.schema().clone();
     let Some(wide) = crate::dictionary::widened_schema(&schema) else {
@@ -106,8 +144,7 @@ fn wide_builder(path: &Path) -> Result<(ParquetRecordBatchReaderBuilder<File>, S
     let options = ArrowReaderOptions::new().with_schema(wide);
     let metadata = ArrowReaderMetadata::try_new(builder.metadata().clone(), options)
         .map_err(|e| unreadable(path, e))?;
-    let file =
-        File::open(path).map_err(|e| Error::dataset(path, "", format!("cannot open: {e}")))?;
+    let file = storage::open(path)?;
     Ok((
         ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata),
         schema,
@@ -473,6 +510,7 @@ pub(crate) fn plain_schema(fields: Vec<Arc<Field>>) -> SchemaRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::DataType;
     use parquet::arrow::ArrowWriter;

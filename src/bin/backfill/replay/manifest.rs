@@ -53,6 +53,19 @@ impl Manifest {
     /// key are [`Error::Dataset`] errors naming the file.
     pub fn load(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
+        if super::storage::is_url(dir) {
+            let bytes = super::storage::read(&path)?.ok_or_else(|| {
+                Error::dataset(
+                    &path,
+                    "",
+                    "missing dataset manifest (is this a dataset directory?)",
+                )
+            })?;
+            let text = String::from_utf8(bytes.to_vec()).map_err(|e| {
+                Error::dataset(&path, "", format!("the dataset manifest is not UTF-8: {e}"))
+            })?;
+            return Self::parse(&path, &text);
+        }
         let text = std::fs::read_to_string(&path).map_err(|e| {
             let message = if e.kind() == std::io::ErrorKind::NotFound {
                 "missing dataset manifest (is this a dataset directory?)".to_string()
@@ -61,16 +74,21 @@ impl Manifest {
             };
             Error::dataset(&path, "", message)
         })?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
+        Self::parse(&path, &text)
+    }
+
+    /// Parses and checks the manifest `text` read from `path`.
+    fn parse(path: &Path, text: &str) -> Result<Manifest> {
+        let manifest: Manifest = serde_json::from_str(text).map_err(|e| {
             Error::dataset(
-                &path,
+                path,
                 format!("line {}, column {}", e.line(), e.column()),
                 format!("malformed dataset manifest: {e}"),
             )
         })?;
         manifest
             .check()
-            .map_err(|message| Error::dataset(&path, "", message))?;
+            .map_err(|message| Error::dataset(path, "", message))?;
         Ok(manifest)
     }
 

@@ -31,6 +31,7 @@ mod manifest;
 mod model;
 pub(crate) mod prefetch;
 mod scratch;
+pub(crate) mod storage;
 #[cfg(test)]
 pub(crate) mod testing;
 mod touched;
