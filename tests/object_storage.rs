@@ -137,3 +137,183 @@ fn objects_that_are_not_a_dataset_are_refused_naming_their_url() {
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("s3://no-such-bucket/ds"), "{}", text(&o));
 }
+
+/// `replay DATASET --out URL --cache CACHE --progress none EXTRA..` with the server's env.
+fn replay_to_bucket(
+    server: &S3Server,
+    dataset: &str,
+    url: &str,
+    cache: &Path,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec![
+        "replay",
+        dataset,
+        "--out",
+        url,
+        "--cache",
+        path(cache),
+        "--progress",
+        "none",
+    ];
+    args.extend_from_slice(extra);
+    backfill(server, &args)
+}
+
+#[test]
+fn an_output_in_a_bucket_verifies_and_has_one_writer() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let out = server.bucket("outputs");
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, other) = (dir.path().join("cache"), dir.path().join("other"));
+    let url = "s3://outputs/lineitem";
+    let o = replay_to_bucket(&server, path(bundled()), url, &cache, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("uploaded"),
+        "{}",
+        text(&o)
+    );
+    let v = backfill(&server, &["verify", path(bundled()), url]);
+    assert!(v.status.success(), "{}", text(&v));
+    // The bucket holds the epoch files and the claim, nothing else.
+    let names = list(&out, "lineitem");
+    assert!(
+        names.iter().any(|n| n == "lineitem/_backfill-writer.json"),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().all(|n| n == "lineitem/_backfill-writer.json"
+            || (n.starts_with("lineitem/changes/epoch-") && n.ends_with(".parquet"))),
+        "{names:?}"
+    );
+    // A second writer (another cache) is refused before it writes anything.
+    let o = replay_to_bucket(&server, path(bundled()), url, &other, &["--fresh"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("another replay"), "{}", text(&o));
+    assert_eq!(list(&out, "lineitem"), names);
+    // The first writer runs it again from the start: the old objects are replaced.
+    let o = replay_to_bucket(
+        &server,
+        path(bundled()),
+        url,
+        &cache,
+        &["--fresh", "--vnodes", "64"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = backfill(&server, &["verify", path(bundled()), url]);
+    assert!(v.status.success(), "{}", text(&v));
+}
+
+/// The object names under `prefix`, sorted.
+fn list(store: &object_store::aws::AmazonS3, prefix: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = object_store::path::Path::from(prefix);
+    let mut names: Vec<String> = runtime
+        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
+        .unwrap()
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every object under `prefix/changes`, read whole: each must be a complete Parquet file.
+fn whole_parquet_files(store: &object_store::aws::AmazonS3, prefix: &str) -> usize {
+    use object_store::ObjectStoreExt;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let names = list(store, &format!("{prefix}/changes"));
+    for name in &names {
+        let bytes = runtime
+            .block_on(async {
+                store
+                    .get(&object_store::path::Path::from(name.as_str()))
+                    .await?
+                    .bytes()
+                    .await
+            })
+            .unwrap();
+        assert!(
+            bytes.len() > 8 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1"),
+            "{name} is not a whole Parquet file ({} bytes)",
+            bytes.len()
+        );
+    }
+    names.len()
+}
+
+#[test]
+fn a_replay_killed_while_it_uploads_resumes_from_its_cache_and_readers_see_whole_files() {
+    let Some(server) = S3Server::start() else {
+        return;
+    };
+    let out = server.bucket("killed");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = "s3://killed/lineitem";
+    let args = [
+        "replay",
+        path(bundled()),
+        "--out",
+        url,
+        "--cache",
+        path(&cache),
+        "--progress",
+        "none",
+        "--rate-limit",
+        "20000",
+        "--upstream-rate",
+        "4000",
+    ];
+    let mut command = bin();
+    command
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (key, value) in server.env() {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap();
+    // Listings taken while it writes: whole files only, never fewer than before.
+    let mut seen = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while seen < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no uploads within a minute"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the replay ended before it was killed"
+        );
+        let now = whole_parquet_files(&out, "lineitem");
+        assert!(now >= seen, "a listing lost files: {now} after {seen}");
+        seen = now;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    whole_parquet_files(&out, "lineitem");
+    // The same command resumes from the cache, uploads what the killed run committed and
+    // did not upload, and the output verifies.
+    let o = backfill(&server, &args[..8]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("resumed from checkpoint"),
+        "{}",
+        text(&o)
+    );
+    let v = backfill(&server, &["verify", path(bundled()), url]);
+    assert!(v.status.success(), "{}", text(&v));
+}

@@ -91,9 +91,14 @@ def replay(
     tmp: Optional[str] = None,
     verify: bool = False,
     progress: bool = False,
+    cache: Optional[str] = None,
 ) -> dict:
     """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
-    resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``). Returns
+    resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``).
+    ``dataset`` and ``out`` may be object storage URLs (``s3://bucket/path``, ``gs://``,
+    ``az://``; configured by the standard environment variables): the dataset is read by
+    ranges, each committed file of the output uploaded once (``uploaded_files``), its state
+    kept in the local ``cache`` directory (default ``out/cache/<the URL as a name>``). Returns
     the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
     ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``, ``resumed_from``,
     ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and

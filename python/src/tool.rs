@@ -37,7 +37,7 @@ fn tool_err(error: error::Error) -> PyErr {
     dataset, out = None, *, state = None, memory = false, fresh = false, vnodes = 256,
     batch_size = 8192, order = "merged", checkpoint_every = 1, barrier_interval_ms = None,
     rate_limit = None, upstream_rate = None, parallelism = None, rescale = None, tmp = None,
-    verify = false, progress = false
+    verify = false, progress = false, cache = None
 ))]
 #[expect(
     clippy::too_many_arguments,
@@ -62,11 +62,13 @@ pub fn replay_fn<'py>(
     tmp: Option<PathBuf>,
     verify: bool,
     progress: bool,
+    cache: Option<PathBuf>,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
     use job::replay::{Interrupt, ReplayOptions, StateChoice, default_out_dir, run_replay_until};
     let runtime = runtime()?;
     let ds = replay::Dataset::open(&dataset).map_err(tool_err)?;
-    let out = out.unwrap_or_else(|| default_out_dir(&ds));
+    let out = (out.map(|out| replay::storage::local_or_url(&out.to_string_lossy())))
+        .unwrap_or_else(|| default_out_dir(&ds));
     let mut options = ReplayOptions::new(&out);
     if memory && state.is_some() {
         return Err(BadInput::new_err(
@@ -97,6 +99,7 @@ pub fn replay_fn<'py>(
     if let Some(dir) = &tmp {
         options.scratch = dir.clone();
     }
+    options.cache = cache;
     // The latest progress, written by the job, shown by the waiting thread.
     let latest: Arc<Mutex<Option<Reading>>> = Arc::default();
     let mut display = progress.then(|| Progress::new(py, ds.name()));
@@ -169,6 +172,7 @@ pub fn replay_fn<'py>(
     dict.set_item("already_finished", summary.already_finished)?;
     dict.set_item("dataset_epoch", summary.last_epoch)?;
     dict.set_item("final_checkpoint", summary.final_checkpoint)?;
+    dict.set_item("uploaded_files", summary.uploaded_files)?;
     let certificate = match (&summary.certificate, &summary.finish_record) {
         (Some(c), _) => Some((c.describe(), c.matches())),
         (None, Some(f)) => Some((f.certificate.clone(), f.certificate_matches)),

@@ -129,9 +129,16 @@ enum Command {
 struct ReplayArgs {
     /// The dataset directory.
     dataset: PathBuf,
-    /// Output directory [default: out/DATASET-NAME].
+    /// Output directory, or an object storage URL (s3://BUCKET/PATH, gs://, az://; configured
+    /// by the standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...): each committed
+    /// checkpoint's file is uploaded once, readers never see an uncommitted one, and one
+    /// writer holds the output [default: out/DATASET-NAME].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// For an output on object storage: the local directory of the state and of the files on
+    /// their way, needed to resume [default: out/cache/<the URL as a name>].
+    #[arg(long, value_name = "DIR")]
+    cache: Option<PathBuf>,
     /// State directory of the durable store [default: OUT/state]. Running the same command
     /// again after any stop resumes from the last committed checkpoint.
     #[arg(long, conflicts_with = "memory")]
@@ -380,9 +387,8 @@ fn replay(args: ReplayArgs) -> Result<()> {
         .build()?;
     let interrupted = shutdown_signal(&runtime);
     let dataset = open_dataset(&args.dataset)?;
-    let out = args
-        .out
-        .clone()
+    let out = (args.out.as_ref())
+        .map(|out| crate::replay::storage::local_or_url(&out.to_string_lossy()))
         .unwrap_or_else(|| default_out_dir(&dataset));
     let mut options = ReplayOptions::new(out.clone());
     options.state = match (args.memory, &args.state) {
@@ -414,6 +420,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         },
         rescales: args.rescale.clone(),
         scratch: scratch_dir(args.tmp.as_deref()),
+        cache: args.cache.clone(),
         ..options
     };
     let mode = args.progress.unwrap_or(if std::io::stderr().is_terminal() {
@@ -580,6 +587,13 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.output_files,
         s.out.join("changes").display()
     );
+    if let Some(uploaded) = s.uploaded_files {
+        say!(
+            "  uploaded          {:>12}  files to {} (this run; each committed file once)",
+            uploaded,
+            s.out.display()
+        );
+    }
     say!(
         "  epochs            {:>12}  ({} checkpoints)",
         s.epochs,

@@ -508,6 +508,19 @@ pub fn parse_name(name: &str) -> Option<(u64, bool)> {
 /// recovery and cleanup touch the same names.
 pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let dir = out.join("changes");
+    if crate::replay::storage::is_url(out) {
+        let mut files: Vec<(u64, PathBuf)> = (crate::replay::storage::list(&dir)?)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|entry| entry.is_file)
+            .filter_map(|entry| match parse_name(&entry.name) {
+                Some((epoch, false)) => Some((epoch, entry.path)),
+                _ => None,
+            })
+            .collect();
+        files.sort();
+        return Ok(files);
+    }
     let entries = std::fs::read_dir(&dir)
         .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
     let mut files = Vec::new();
@@ -531,6 +544,7 @@ pub const OUT_LOCK_FILE: &str = ".lock";
 /// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
 /// says so), or is read-only with no lock file (no replay can write there).
 pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
+    // An output on object storage has no lock: its writer uploads only whole committed files.
     if !out.is_dir() {
         return Ok(None);
     }

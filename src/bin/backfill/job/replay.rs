@@ -54,6 +54,7 @@ use crate::backfill::SnapshotOrder;
 use crate::chunk::StreamChunk;
 use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
+use crate::job::remote;
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{
@@ -152,6 +153,9 @@ pub struct ReplayOptions {
     /// Online rescales: at the first checkpoint at or after the barrier that closes dataset
     /// epoch `after_epoch`, move to `actors` actors.
     pub rescales: Vec<RescalePoint>,
+    /// For an output on object storage (`out` a URL): the local directory of its state and
+    /// of the files on their way (`None`: [`remote::default_cache`]).
+    pub cache: Option<PathBuf>,
 }
 
 /// An online rescale of a replay (`--rescale EPOCH:N`).
@@ -202,6 +206,7 @@ impl ReplayOptions {
             io: RealIo::shared(),
             parallelism: default_parallelism(),
             rescales: Vec::new(),
+            cache: None,
             scratch: std::env::temp_dir(),
         }
     }
@@ -266,6 +271,8 @@ pub struct ReplaySummary {
     /// For a job that had finished before this run: what its output's job record says of
     /// its end (the dataset epoch and the certificate).
     pub finish_record: Option<FinishRecord>,
+    /// For an output on object storage: the files this run uploaded.
+    pub uploaded_files: Option<u64>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -322,6 +329,45 @@ pub async fn run_replay(
 /// checkpoint (`JobControl::stop`; nothing half-written is left in the output); and the
 /// result is an [`Error::Interrupted`] naming the epoch to resume from.
 pub async fn run_replay_until(
+    dataset: &Dataset,
+    options: &ReplayOptions,
+    on_progress: impl FnMut(&ReplayProgress),
+    interrupted: impl Future<Output = Interrupt>,
+) -> Result<ReplaySummary> {
+    if !storage::is_url(&options.out) {
+        return run_replay_local(dataset, options, on_progress, interrupted).await;
+    }
+    // An output on object storage (`remote.rs`): the replay runs into the local cache while
+    // a thread uploads what it commits; once more at the end, whatever the end.
+    let url = options.out.clone();
+    let cache = (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url));
+    let mut local = options.clone();
+    local.out = cache.clone();
+    match &options.state {
+        StateChoice::Durable(dir) if *dir == url.join(STATE_DIR) => {
+            local.state = StateChoice::Durable(cache.join(STATE_DIR));
+        }
+        StateChoice::Durable(dir) if storage::is_url(dir) => {
+            return Err(Error::config(format!(
+                "--state {}: the state is a local directory (object storage holds the output)",
+                dir.display()
+            )));
+        }
+        _ => {}
+    }
+    let syncing = remote::RemoteOut::claim(&url, &cache)?.start();
+    let result = run_replay_local(dataset, &local, on_progress, interrupted).await;
+    let uploaded = tokio::task::spawn_blocking(move || syncing.finish())
+        .await
+        .map_err(|e| internal!("the upload's last sync failed: {e}"))?;
+    let mut summary = result?;
+    summary.uploaded_files = Some(uploaded?);
+    summary.out = url;
+    Ok(summary)
+}
+
+/// [`run_replay_until`] into a local output directory.
+async fn run_replay_local(
     dataset: &Dataset,
     options: &ReplayOptions,
     on_progress: impl FnMut(&ReplayProgress),
@@ -942,6 +988,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             already_finished: record.is_some_and(|(_, _, finished)| finished),
             last_epoch: self.last_epoch,
             finish_record: None,
+            uploaded_files: None,
             final_checkpoint: None,
             actors: Vec::new(),
             rescales: 0,

@@ -510,11 +510,11 @@ pub(crate) fn plain_schema(fields: Vec<Arc<Field>>) -> SchemaRef {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs::File;
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::DataType;
     use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
+    use std::fs::File;
 
     /// `rows` rows of an Int64 column and a string column of `width` bytes per row, in row
     /// groups of `group` rows.

@@ -172,6 +172,8 @@ pub struct Entry {
     pub path: PathBuf,
     pub name: String,
     pub is_file: bool,
+    /// A file's size.
+    pub size: u64,
 }
 
 /// The entries directly under the URL `dir`; `None` when there are none (object storage has
@@ -190,6 +192,7 @@ pub fn list(dir: &Path) -> Result<Option<Vec<Entry>>> {
                 path: PathBuf::from(format!("{base}/{name}")),
                 name: name.to_string(),
                 is_file: true,
+                size: object.size,
             });
         }
     }
@@ -199,6 +202,7 @@ pub fn list(dir: &Path) -> Result<Option<Vec<Entry>>> {
                 path: PathBuf::from(format!("{base}/{name}")),
                 name: name.to_string(),
                 is_file: false,
+                size: 0,
             });
         }
     }
@@ -216,6 +220,62 @@ pub fn read(path: &Path) -> Result<Option<Bytes>> {
         }
     })?;
     got.map_err(|e| Error::dataset(path, "", format!("cannot read: {e}")))
+}
+
+/// A failed call on the object at `path`: an I/O error (exit status 1), not bad input.
+fn io_error(path: &Path, message: String) -> Error {
+    Error::from(crate::store::io::named(
+        path,
+        std::io::Error::other(message),
+    ))
+}
+
+/// What a create-if-absent put found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// The object is new: this put made it.
+    Created,
+    /// An object was there already (it is left as it was).
+    Exists,
+}
+
+/// Puts `bytes` at the URL `path` only if no object is there (a conditional write: of two
+/// writers, exactly one creates it).
+pub fn put_if_absent(path: &Path, bytes: Bytes) -> Result<Put> {
+    let located = locate(path)?;
+    let put = block(async move {
+        let options = object_store::PutOptions::from(object_store::PutMode::Create);
+        located
+            .store
+            .put_opts(&located.path, bytes.into(), options)
+            .await
+    })?;
+    match put {
+        Ok(_) => Ok(Put::Created),
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(Put::Exists),
+        Err(e) => Err(io_error(path, format!("cannot write: {e}"))),
+    }
+}
+
+/// The size of the object at the URL `path`, if there is one.
+pub fn size(path: &Path) -> Result<Option<u64>> {
+    let located = locate(path)?;
+    let head = block(async move { located.store.head(&located.path).await })?;
+    match head {
+        Ok(meta) => Ok(Some(meta.size)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(io_error(path, format!("cannot look up: {e}"))),
+    }
+}
+
+/// Deletes the object at the URL `path` (no object there is no error).
+pub fn delete(path: &Path) -> Result<()> {
+    let located = locate(path)?;
+    let deleted = block(async move { located.store.delete(&located.path).await })?;
+    match deleted {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(io_error(path, format!("cannot delete: {e}"))),
+    }
 }
 
 /// A dataset file to read Parquet from: local, or an object read by ranges.
