@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Makes a bigger lineitem dataset from a generated one: K shifted copies.
 
-`backfill gen` builds a dataset in memory, which limits it to about TPC-H scale 1-2 on a
-24 GiB machine. This script streams `SRC` (made by `backfill gen tpch-lineitem --scale 1`)
+`backfill gen` used to build a dataset in memory (about TPC-H scale 1-2 on a 24 GiB machine);
+it now writes any scale in bounded memory (`gen tpch-lineitem --scale 10`), so this script is
+only a quicker way to a big dataset from a small one. It streams `SRC` (made by `backfill gen tpch-lineitem --scale 1`)
 into `DST` with K copies: copy k adds k * (max l_orderkey + 1) to `l_orderkey` in the
 snapshot and in the changelog, so keys stay unique and every change applies to its own copy;
 the changes of one epoch are written copy after copy, so `_epoch` never decreases and update

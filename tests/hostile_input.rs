@@ -96,19 +96,20 @@ fn bad_gen_options_exit_two() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ds");
     let o = p(&out);
-    let cases: [(&[&str], &[&str]); 12] = [
+    let cases: [(&[&str], &[&str]); 13] = [
         (&["synthetic", "--scale", "0"], &["--scale"]),
         (&["synthetic", "--scale", "NaN"], &["--scale"]),
         (&["synthetic", "--scale", "inf"], &["--scale"]),
         (&["synthetic", "--scale=-1"], &["--scale"]),
         (&["synthetic", "--epochs", "0"], &["--epochs"]),
         // Item 14: ranges gen cannot make, refused up front.
-        (&["synthetic", "--scale", "1e30"], &["at most 100000000"]),
-        (&["synthetic", "--scale", "100000"], &["at most 100000000"]),
+        (&["synthetic", "--scale", "1e30"], &["at most 10000000000"]),
         (
-            &["tpch-orders", "--scale", "100000"],
-            &["at most 100000000"],
+            &["synthetic", "--scale", "100001"],
+            &["at most 10000000000"],
         ),
+        (&["tpch-orders", "--scale", "100000"], &["at most 1000"]),
+        (&["tpch-lineitem", "--scale", "1000.5"], &["at most 1000"]),
         (&["tpch-lineitem", "--scale", "1e-6"], &["smallest"]),
         (&["tpch-orders", "--scale", "0.00001"], &["smallest"]),
         (

@@ -21,4 +21,6 @@ pub use arrangement_backfill::job::{
 };
 
 pub use certificate::{Certificate, TableDigest, certify_output};
+/// The generator (`backfill gen`) writes its files with the sink's column-parallel writer.
+pub(crate) use column_writer::ColumnParallelWriter;
 pub use output::output_files;

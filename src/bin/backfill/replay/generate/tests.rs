@@ -252,31 +252,173 @@ fn a_failed_write_names_the_file_and_cleans_up() {
     .unwrap();
     let full = Path::new("/dev/full");
     if full.exists() {
-        let err = write_parquet(full, &batch).unwrap_err().to_string();
+        let err = (|| {
+            let mut w = write::PartWriter::create(full.into(), batch.schema(), &|p: &Path| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .map_err(|e| Error::file(p, e))
+            })?;
+            w.write(&batch)?;
+            w.finish()
+        })()
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("/dev/full") && err.contains("No space left"),
             "{err}"
         );
     }
-    let m = manifest("t", &["k"], None, &[]);
-    let failing = |path: &Path, batch: &RecordBatch| -> Result<()> {
+    let failing = |path: &Path| -> Result<File> {
         if path.to_string_lossy().contains(CHANGES_DIR) {
             Err(Error::file(path, std::io::Error::other("disk full")))
         } else {
-            write_parquet(path, batch)
+            write::create_file(path)
         }
     };
+    let kind = GenKind::TpchOrders;
+    let opts = GenOptions::new(&kind, 0.001);
     let dir = tempfile::tempdir().unwrap();
     // `out` created by the call: removed.
     let out = dir.path().join("new");
-    let err = write_dataset(&out, false, &m, &batch, &batch, &failing).unwrap_err();
+    let err = generate_with(&kind, &out, &opts, &Limits::DEFAULT, &failing).unwrap_err();
     assert!(err.to_string().contains("changes"), "{err}");
     assert!(!out.exists());
     // `out` empty before: empty again.
     let out = dir.path().join("empty");
     std::fs::create_dir(&out).unwrap();
-    write_dataset(&out, true, &m, &batch, &batch, &failing).unwrap_err();
+    generate_with(&kind, &out, &opts, &Limits::DEFAULT, &failing).unwrap_err();
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
+
+/// The TPC-H shapes make any snapshot row again from its slot: the slots in order give the
+/// snapshot's keys, and their rows are the snapshot's.
+#[test]
+fn tpch_slots_make_the_snapshot_rows_again() {
+    let shapes: Vec<Box<dyn Shape>> = vec![
+        Box::new(Lineitem::new(0.002).unwrap()),
+        Box::new(Orders::new(0.002).unwrap()),
+    ];
+    for mut shape in shapes {
+        let mut snapshot = Vec::new();
+        while let Some(batch) = shape.next_snapshot().unwrap() {
+            snapshot.push(batch);
+        }
+        let snapshot = arrow_select::concat::concat_batches(&shape.schema(), &snapshot).unwrap();
+        let slots: Vec<u64> = (0..shape.slots()).collect();
+        let mut ids = VecDeque::new();
+        shape.slot_keys(&slots, &mut ids).unwrap();
+        let ids: Vec<u64> = ids.into();
+        assert_eq!(ids.len(), snapshot.num_rows());
+        let again = shape.originals(&ids).unwrap();
+        assert_eq!(again, snapshot, "{}", shape.manifest().name);
+        // Key columns of the ids are the snapshot's too.
+        for (&c, column) in shape
+            .key_indices()
+            .iter()
+            .zip(shape.key_columns(&ids).unwrap())
+        {
+            assert_eq!(&column, snapshot.column(c));
+        }
+        // In any order, and repeated.
+        let picked = [ids[ids.len() - 1], ids[0], ids[ids.len() / 2], ids[0]];
+        let rows = shape.originals(&picked).unwrap();
+        for (i, id) in picked.iter().enumerate() {
+            let at = ids.iter().position(|x| x == id).unwrap();
+            assert_eq!(rows.slice(i, 1), snapshot.slice(at, 1));
+        }
+    }
+}
+
+/// With a small sample, few hot keys and small chunks, the changelog freezes most keys it
+/// changes and is still valid; its counts are the same as with the defaults.
+#[test]
+fn small_limits_still_make_valid_changelogs() {
+    let limits = Limits {
+        sample_rows: 100,
+        hot_keys: 50,
+        chunk_rows: 64,
+    };
+    for (kind, scale) in [
+        (GenKind::TpchLineitem, 0.001),
+        (
+            GenKind::Synthetic {
+                shape: SyntheticShape::Composite,
+                skew: true,
+            },
+            0.05,
+        ),
+        (
+            GenKind::Synthetic {
+                shape: SyntheticShape::Int64,
+                skew: true,
+            },
+            0.05,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ds");
+        let opts = GenOptions {
+            seed: 3,
+            epochs: 7,
+            ..GenOptions::new(&kind, scale)
+        };
+        let summary = generate_with(&kind, &out, &opts, &limits, &write::create_file).unwrap();
+        let ds = Dataset::open(&out).unwrap();
+        assert_eq!(ds.validate().unwrap(), summary, "{kind:?}");
+        assert_eq!(summary.change_rows, opts.changes);
+        let [ins, del, ud, ui] = op_counts(&ds);
+        assert!(
+            ins > 100 && del > 100 && ud > 100 && ud == ui,
+            "{ins} {del} {ud} {ui}"
+        );
+    }
+    // The model itself: most changed keys are frozen with 50 hot keys.
+    let kind = GenKind::TpchOrders;
+    let mut shape = Orders::new(0.01).unwrap();
+    let mut sample = write::Sample::new(limits.sample_rows);
+    let mut rows = 0;
+    while let Some(batch) = shape.next_snapshot().unwrap() {
+        rows += batch.num_rows() as u64;
+        sample.offer(&batch);
+    }
+    let sample = sample.finish(&shape.schema()).unwrap();
+    let opts = GenOptions::new(&kind, 0.01);
+    let mut written = 0;
+    let counts = changelog::generate(
+        &mut shape,
+        &sample,
+        rows,
+        &opts,
+        &limits,
+        &mut StdRng::seed_from_u64(1),
+        &mut |batch| {
+            assert!(batch.num_rows() <= limits.chunk_rows + 1);
+            written += batch.num_rows() as u64;
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(written, opts.changes);
+    assert!(counts.frozen > 1000, "{counts:?}");
+}
+
+#[test]
+fn same_seed_same_tpch_dataset() {
+    let kind = GenKind::TpchLineitem;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = GenOptions::new(&kind, 0.001);
+    generate(&kind, &dir.path().join("a"), &opts).unwrap();
+    generate(&kind, &dir.path().join("b"), &opts).unwrap();
+    for file in [
+        "snapshot/part-00000.parquet",
+        "changes/part-00000.parquet",
+        "dataset.json",
+    ] {
+        let a = std::fs::read(dir.path().join("a").join(file)).unwrap();
+        let b = std::fs::read(dir.path().join("b").join(file)).unwrap();
+        assert!(a == b, "{file} differs");
+    }
 }
 
 #[test]
