@@ -62,6 +62,11 @@ def test_duckdb_reads_the_backfill():
     duckdb = pytest.importorskip("duckdb")
     reader = ab.backfill(snapshot(), changes(), key=["id"], order="vnode")
     rows = duckdb.sql("select _op, id, v from reader").fetchall()
+    assert Counter((k, v) for op, k, v in rows if op in (1, 4)) - Counter(
+        (k, v) for op, k, v in rows if op in (2, 3)) == expected()
+    # duckdb.from_arrow over the reader, as the API names it.
+    relation = duckdb.from_arrow(ab.backfill(snapshot(), changes(), key=["id"]))
+    rows = relation.select("_op, id, v").fetchall()
     counts = Counter()
     for op, k, v in rows:
         counts[(k, v)] += 1 if op in (1, 4) else -1
@@ -99,7 +104,7 @@ def test_polars_frames_in_and_out():
     pl = pytest.importorskip("polars")
     snap = pl.from_arrow(snapshot())
     reader = ab.backfill(snap, changes(), key=["id"])
-    frame = pl.from_arrow(reader.read_all())
+    frame = pl.from_arrow(reader)  # the reader itself, no table in between
     counts = Counter()
     for op, k, v in zip(frame["_op"], frame["id"], frame["v"]):
         counts[(k, v)] += 1 if op in (1, 4) else -1
