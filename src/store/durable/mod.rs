@@ -78,7 +78,7 @@ mod version;
 mod tests;
 
 pub use self::lock::{DirLock, LOCK_FILE};
-pub use self::open::destroy;
+pub use self::open::{committed_meta, destroy};
 pub use self::table::{DurableScan, DurableTable};
 
 use std::path::{Path, PathBuf};
