@@ -389,16 +389,31 @@ pub async fn run_replay_until(
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut interrupted = std::pin::pin!(interrupted);
-    let recorded = match (&new_dirs, &options.state) {
+    let found = match (&new_dirs, &options.state) {
         (None, StateChoice::Durable(dir)) if !options.fresh => {
-            recorded_validation(dataset, &desc, options.io.as_ref(), dir)
+            peek_state(dataset, &desc, options.io.as_ref(), dir)
         }
-        _ => None,
+        _ => Found::default(),
     };
-    let mut validation = match (new_dirs.as_ref(), recorded) {
-        (_, Some(recorded)) => recorded,
-        (Some(_), None) => Validation::beside(dataset, desc, options.scratch.clone())?,
-        (None, None) => {
+    let mut validation = match (new_dirs.as_ref(), found) {
+        (
+            _,
+            Found {
+                validated: Some(recorded),
+                ..
+            },
+        ) => recorded,
+        // A load of this job under way has nothing to lose either: the table is never
+        // backfilled before the validation passed (the load's final commit waits for it).
+        (Some(_), _)
+        | (
+            None,
+            Found {
+                load_under_way: true,
+                ..
+            },
+        ) => Validation::beside(dataset, desc, options.scratch.clone())?,
+        (None, _) => {
             // Existing directories have something to lose: nothing is touched before the
             // dataset is known good. A signal meanwhile stops the run at once.
             let mut validation =
@@ -424,22 +439,36 @@ pub async fn run_replay_until(
     result
 }
 
-/// The validation the state in `dir` recorded for this very input (its job identity, every
-/// input file's size, time and footer checksum, the one this run computes), read without
-/// opening the store; `None` otherwise (no state, another job's, no record, unreadable):
-/// then the dataset is validated, and the open of the store decides the rest.
-fn recorded_validation(
-    dataset: &Dataset,
-    desc: &TableDesc,
-    io: &dyn StorageIo,
-    dir: &Path,
-) -> Option<Validation> {
-    let meta = durable::committed_meta(io, dir).ok()??;
-    let recorded: JobIdentity = serde_json::from_str(meta.get(META_JOB)?).ok()?;
-    if recorded != JobIdentity::of(dataset, desc).ok()? {
-        return None;
-    }
-    Validation::recorded(meta.get(META_VALIDATED)?)
+/// What the state of this very job (its job identity, every input file's size, time and
+/// footer checksum, the one this run computes) holds that decides how the dataset is
+/// validated, read without opening the store. Nothing for no state, another job's, or an
+/// unreadable one: then the dataset is validated first, and the open decides the rest.
+#[derive(Default)]
+struct Found {
+    /// The validation it recorded as passed.
+    validated: Option<Validation>,
+    /// A snapshot load under way (steps committed, not complete).
+    load_under_way: bool,
+}
+
+fn peek_state(dataset: &Dataset, desc: &TableDesc, io: &dyn StorageIo, dir: &Path) -> Found {
+    let peek = || -> Option<Found> {
+        let meta = durable::committed_meta(io, dir).ok()??;
+        let recorded: JobIdentity = serde_json::from_str(meta.get(META_JOB)?).ok()?;
+        if recorded != JobIdentity::of(dataset, desc).ok()? {
+            return None;
+        }
+        let load: Option<LoadProgress> = (meta
+            .get(&arrangement_backfill::job::load_key(desc.name())))
+        .and_then(|v| serde_json::from_str(v).ok());
+        Some(Found {
+            validated: meta
+                .get(META_VALIDATED)
+                .and_then(|v| Validation::recorded(v)),
+            load_under_way: load.is_some_and(|l| !l.complete),
+        })
+    };
+    peek().unwrap_or_default()
 }
 
 /// [`run_replay_until`] once the options are checked and the validation started: the store
@@ -1117,7 +1146,11 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let loading = tokio::task::spawn_blocking({
                     let (store, desc, dataset) =
                         (store.clone(), self.desc.clone(), self.dataset.clone());
-                    let feed = validation.take_snapshot_feed();
+                    // A resumed load reads only the rows after its steps, itself: the
+                    // validation reads the whole snapshot on its own.
+                    let feed = validation
+                        .take_snapshot_feed()
+                        .filter(|_| steps.resume.is_none());
                     let stop = stop.clone();
                     move || Self::load(store, desc, dataset, feed, stop, steps)
                 });
