@@ -107,9 +107,10 @@ enum Command {
     ///
     /// Running the same command again after any stop (even kill -9) resumes where it
     /// stopped. The snapshot load commits in steps of about half a million rows: a stop
-    /// during it costs the rows loaded since its last step (the next run loads the rest, and
-    /// says where it resumed; the dataset's validation, once passed, is not run again);
-    /// after it, a stop costs at most the work since the last checkpoint.
+    /// during it costs the rows loaded since its last step (the next run loads only the
+    /// rest, beside a new validation of the dataset, and says where it resumed); after it,
+    /// a stop costs at most the work since the last checkpoint (the validation, passed, is
+    /// kept in the state and not run again).
     Replay(ReplayArgs),
     /// Check a replay's output: OUT/changes applied in order must equal snapshot + changes.
     Verify {
