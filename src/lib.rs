@@ -165,9 +165,9 @@ pub use chunk::{Barrier, BarrierKind, EpochPair, Message, Mutation, Op, StreamCh
 pub use error::{Error, Result};
 pub use ffi::ChangelogReader;
 pub use job::{
-    BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, JobSummary, Loaded,
-    ParallelBackfill, PreparedCheckpoint, Recovery, ResumePoint, TableLoader, VnodeMap,
-    load_parquet, load_table,
+    BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, JobSummary,
+    LoadProgress, Loaded, ParallelBackfill, PreparedCheckpoint, Recovery, ResumePoint, TableLoader,
+    VnodeMap, load_parquet, load_table,
 };
 pub use key::{KeyColumn, Position, PrimaryKey};
 pub use store::{DurableOptions, DurableStore, MemoryStore, StateStore, StateTable};

@@ -100,8 +100,9 @@ def replay(
     ranges, each committed file of the output uploaded once (``uploaded_files``), its state
     kept in the local ``cache`` directory (default ``out/cache/<the URL as a name>``). Returns
     the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
-    ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``, ``resumed_from``,
-    ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
+    ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``,
+    ``load_resumed_at`` (the snapshot rows a killed run's load steps had committed, or
+    ``None``), ``resumed_from``, ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
     ``verified`` with ``verify=True``). Runs without the GIL. Ctrl-C stops it at its next
     checkpoint, as SIGINT stops the tool, and raises ``KeyboardInterrupt``: the same call
     resumes. ``progress=True`` shows a progress bar (``tqdm`` when installed, in a terminal or

@@ -167,6 +167,7 @@ pub fn replay_fn<'py>(
     dict.set_item("checkpoints", summary.checkpoints)?;
     dict.set_item("elapsed_s", summary.elapsed.as_secs_f64())?;
     dict.set_item("load_s", summary.load_time.as_secs_f64())?;
+    dict.set_item("load_resumed_at", summary.load_resumed_at)?;
     dict.set_item("resumed_from", summary.resumed_from)?;
     dict.set_item("changes_already_applied", summary.changes_already_applied)?;
     dict.set_item("already_finished", summary.already_finished)?;

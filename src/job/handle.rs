@@ -798,6 +798,15 @@ impl Plan {
             }
             Err(e) => return Err(e),
         };
+        if let Some(load) = super::load::LoadProgress::of(store, table)?
+            && !load.complete
+        {
+            return Err(Error::InvalidConfig(format!(
+                "table `{table}` is half loaded ({} rows in {} committed steps): finish its \
+                 load first (`TableLoader::resume`, then `seal` and commit)",
+                load.rows, load.steps
+            )));
+        }
         let committed = store.committed_epoch()?.ok_or_else(|| {
             Error::InvalidConfig(format!(
                 "the store has no committed epoch: load and commit table `{table}` first \

@@ -33,7 +33,7 @@ pub use control::{CONTROL_CAPACITY, JobControl};
 pub use dispatcher::VnodeMap;
 pub use exactly_once::{ExactlyOnceSink, PreparedCheckpoint, Recovery};
 pub use handle::{BackfillJob, JobOptions, JobSummary, ResumePoint};
-pub use load::{Loaded, SealedLoad, TableLoader, load_parquet, load_table};
+pub use load::{LoadProgress, Loaded, SealedLoad, TableLoader, load_key, load_parquet, load_table};
 pub use progress::{ActorProgress, JobProgress};
 pub use runtime::ParallelBackfill;
 pub use upstream::Change;

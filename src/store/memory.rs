@@ -315,6 +315,42 @@ impl StateTable for MemoryTable {
         Ok(())
     }
 
+    /// Folds the pending rows into the committed segments of their vnodes and makes the
+    /// staged job values visible; the committed epoch is unchanged.
+    fn commit_load_step(&mut self) -> Result<()> {
+        if self.replicated {
+            return Err(Error::InvalidConfig(
+                "a replicated handle's writes are never committed".into(),
+            ));
+        }
+        let runs = build_pending_runs(&self.desc, &self.pending)?;
+        let mut inner = self.store.write()?;
+        let name = self.desc.name();
+        let table = known(inner.tables.get_mut(name), name)?;
+        if let Some(epoch) = table.sealed.keys().next() {
+            return Err(Error::InvalidConfig(format!(
+                "a load step of table `{name}`, which has epoch {epoch} sealed and not \
+                 committed: a load step is for a table nothing else writes"
+            )));
+        }
+        let new_base: Vec<(VirtualNode, Vec<Arc<Run>>)> = runs
+            .into_par_iter()
+            .map(|(vnode, run)| {
+                Ok((
+                    vnode,
+                    compact(&table.base[vnode.index()], &[Arc::new(run)])?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        for (vnode, segments) in new_base {
+            table.base[vnode.index()] = segments;
+        }
+        self.pending.clear();
+        let staged = std::mem::take(&mut inner.staged_meta);
+        inner.meta.extend(staged);
+        Ok(())
+    }
+
     fn scan(
         &self,
         vnode: VirtualNode,

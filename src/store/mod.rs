@@ -162,6 +162,19 @@ pub trait StateTable: Send + Sync + 'static {
     /// Freezes the buffered changes as epoch `epoch`.
     fn seal(&mut self, epoch: u64) -> Result<()>;
 
+    /// Commits the rows written through this handle since it last sealed or committed a
+    /// step straight into the committed state of its vnodes, with the job values staged so
+    /// far ([`StateStore::stage_meta`]), without committing an epoch: a step of a bulk load
+    /// (`TableLoader::commit_step`), so that a crash loses only the rows written since.
+    ///
+    /// Only for a table that nothing reads or writes until its load's final commit: readers
+    /// of the committed epoch would see the rows appear. The table must have no sealed,
+    /// uncommitted epoch. The durable store appends the rows to each vnode's base when they
+    /// follow it in key order (an ordered load is written once, never compacted) and as
+    /// delta runs otherwise; its record is made durable as a commit's is (a crash leaves the
+    /// state before or after the step).
+    fn commit_load_step(&mut self) -> Result<()>;
+
     /// Rows of `vnode` visible at `epoch`, strictly after `after`, in key order, in batches
     /// of at most `batch_size` rows.
     fn scan(

@@ -28,7 +28,8 @@
 //!                | removed_count (u32 LE) | removed_count × id (u64)
 //!                | table_count (u32 LE)   | table_count × (name: str | edit_count (u32 LE)
 //!                                                        | edit_count × edit)
-//!   edit       = vnode (u16 LE) | kind (u8: 1 append, 2 replace) | run_count (u32 LE)
+//!   edit       = vnode (u16 LE) | kind (u8: 1 append, 2 replace, 3 append to the base)
+//!                | run_count (u32 LE)
 //!                | run_count × run
 //!   run        = file (u64) | first block (u32) | block count (u32) | rows (u64) | epoch (u64)
 //!   str        = byte length (u32 LE) | UTF-8 bytes
@@ -48,8 +49,11 @@
 //! A record says, for the state it applies to: the new committed epoch and next file id, the
 //! job values set, the run files that become live (with the size and tail checksum the open
 //! checks) and those that stop being live, and per table and vnode either runs *appended*
-//! after its existing ones (a commit's deltas, epoch > 0) or its whole run list *replaced* (a
-//! compaction's result: a base with epoch 0, then deltas).
+//! after its existing ones (a commit's deltas, epoch > 0), its whole run list *replaced* (a
+//! compaction's result: a base with epoch 0, then deltas), or runs *appended to the base* of
+//! a vnode that has no deltas (a bulk load's step, epoch 0, its keys after the base's: the
+//! committed epoch is unchanged). A version that knows only kinds 1 and 2 refuses a log
+//! holding kind 3 as corrupt (`unknown edit kind 3`), naming the log.
 //!
 //! The manifest names the generation of its log (`log_generation`); its state plus the
 //! valid records of `LOG-<that generation>` is the committed state. The commit point of an
@@ -212,6 +216,7 @@ impl LogRecord {
                 e.u8(match v.kind {
                     EditKind::Append => 1,
                     EditKind::Replace => 2,
+                    EditKind::AppendBase => 3,
                 });
                 e.count(v.runs.len())?;
                 for r in &v.runs {
@@ -264,6 +269,7 @@ impl LogRecord {
                 let kind = match d.u8()? {
                     1 => EditKind::Append,
                     2 => EditKind::Replace,
+                    3 => EditKind::AppendBase,
                     k => return Err(format!("unknown edit kind {k}")),
                 };
                 let mut runs = Vec::new();
@@ -633,6 +639,18 @@ mod tests {
                         vnode: 2,
                         kind: EditKind::Replace,
                         runs: Vec::new(),
+                    },
+                    VnodeEdit {
+                        vnode: 3,
+                        kind: EditKind::AppendBase,
+                        runs: vec![RunEntry {
+                            vnode: 3,
+                            file: 8,
+                            first: 1,
+                            count: 2,
+                            rows: 700,
+                            epoch: 0,
+                        }],
                     },
                 ],
             }],

@@ -344,13 +344,18 @@ impl Manifest {
                     let runs = per_vnode[t]
                         .get_mut(usize::from(v.vnode))
                         .ok_or_else(|| bad(format!("vnode {} out of range", v.vnode)))?;
+                    let base_only = |runs: &[RunEntry]| runs.iter().all(|r| r.epoch == 0);
                     if v.runs.iter().any(|r| r.vnode != v.vnode)
                         || (v.kind == EditKind::Append && v.runs.iter().any(|r| r.epoch == 0))
+                        || (v.kind == EditKind::AppendBase
+                            && !(base_only(&v.runs) && base_only(runs)))
                     {
                         return Err(bad(format!("malformed runs of vnode {}", v.vnode)));
                     }
                     match v.kind {
-                        EditKind::Append => runs.extend(v.runs.iter().cloned()),
+                        EditKind::Append | EditKind::AppendBase => {
+                            runs.extend(v.runs.iter().cloned())
+                        }
                         EditKind::Replace => *runs = v.runs.clone(),
                     }
                 }

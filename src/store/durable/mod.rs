@@ -54,6 +54,7 @@
 //! | `version.rs` | the state in memory: per vnode the committed runs, the live files, the sealed layers |
 //! | `table.rs` | handles: writes, spills, seals, reads ([`DurableTable`], [`DurableScan`]) |
 //! | `compaction.rs` | the compactor: which vnodes are due, their merge, its install |
+//! | `load_step.rs` | a bulk load's step: rows committed into the base without an epoch |
 //! | `file/` | run files: writer, reader, block index |
 //! | `stored.rs` | how run files store each column type |
 //! | `cache.rs` | decoded blocks kept for re-reads |
@@ -63,6 +64,7 @@
 mod cache;
 mod compaction;
 mod file;
+mod load_step;
 mod lock;
 mod log;
 mod manifest;
@@ -76,7 +78,7 @@ mod version;
 mod tests;
 
 pub use self::lock::{DirLock, LOCK_FILE};
-pub use self::open::destroy;
+pub use self::open::{committed_meta, destroy};
 pub use self::table::{DurableScan, DurableTable};
 
 use std::path::{Path, PathBuf};

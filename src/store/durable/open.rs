@@ -58,6 +58,26 @@ pub fn destroy(io: &dyn StorageIo, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The committed job values of the store in `dir`, read without opening it: nothing is
+/// locked, checked beyond the manifest and its log, or changed on disk. `None` when `dir`
+/// holds no manifest. For a caller that decides what to do before it opens the store (a
+/// replay that may skip its dataset's validation); what the open then finds decides.
+pub fn committed_meta(
+    io: &dyn StorageIo,
+    dir: &Path,
+) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+    if !io.exists(dir)? {
+        return Ok(None);
+    }
+    let Some(mut manifest) = Manifest::load(io, dir)? else {
+        return Ok(None);
+    };
+    let generation = manifest.log_generation;
+    let records = log::read_log(io, dir, generation, manifest.log_presence())?;
+    manifest.apply(&records, &dir.join(log_file_name(generation)))?;
+    Ok(Some(manifest.meta))
+}
+
 /// The error for a directory that holds `name` (a run file, or a log with records) but no
 /// manifest.
 fn missing_manifest(dir: &Path, name: &str) -> Error {

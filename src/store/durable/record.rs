@@ -88,6 +88,9 @@ pub(crate) enum EditKind {
     Append,
     /// The runs replace the vnode's run list (a compaction's result).
     Replace,
+    /// The runs (epoch 0) go after the vnode's base, which has no deltas: a step of a bulk
+    /// load (`StateTable::commit_load_step`), whose rows follow the base's in key order.
+    AppendBase,
 }
 
 /// The runs of one vnode that a record changes.

@@ -36,14 +36,17 @@ use crate::vnode::{VirtualNode, VnodeBitmap};
 /// order, 12 to 22 MB more peak memory (`docs/benchmarks-history.md`).
 const LOAD_PIECE: usize = 2;
 
-/// This epoch's runs of a vnode so far, while they are ordered (see [`VnodeLayer::ordered`]).
+/// This epoch's (or load step's) runs of a vnode so far, while they are ordered (see
+/// [`VnodeLayer::ordered`]).
 #[derive(Debug)]
-struct Ordered {
+pub(super) struct Ordered {
+    /// The first key of the runs.
+    pub(super) first: Vec<u8>,
     /// The last key of the runs.
-    last: Vec<u8>,
-    runs: usize,
+    pub(super) last: Vec<u8>,
+    pub(super) runs: usize,
     /// Some run is shorter than a block ([`MIN_BLOCK_ROWS`]).
-    short: bool,
+    pub(super) short: bool,
 }
 
 /// A spilled run file and its runs.
@@ -125,13 +128,19 @@ impl DurableTable {
         let (Some(first), Some(last)) = (run.first_key(), run.last_key()) else {
             return;
         };
-        let (follows, runs, short) = match self.order.get(&vnode) {
-            None => (true, 0, false),
-            Some(None) => (false, 0, false),
-            Some(Some(before)) => (first > before.last.as_slice(), before.runs, before.short),
+        let (follows, runs, short, start) = match self.order.get(&vnode) {
+            None => (true, 0, false, first),
+            Some(None) => (false, 0, false, first),
+            Some(Some(before)) => (
+                first > before.last.as_slice(),
+                before.runs,
+                before.short,
+                before.first.as_slice(),
+            ),
         };
         let ordered = follows && !run.has_tombstones();
         let state = ordered.then(|| Ordered {
+            first: start.to_vec(),
             last: last.to_vec(),
             runs: runs + 1,
             short: short || run.len() < MIN_BLOCK_ROWS,
@@ -344,6 +353,35 @@ impl StateTable for DurableTable {
         }
         self.last_sealed = Some(epoch);
         Ok(())
+    }
+
+    /// Writes what is pending to a run file (beside the pieces already spilled) and commits
+    /// them with one log record that appends each vnode's runs to its base when they follow
+    /// it in key order (no tombstone, no delta on the vnode, the chain no longer than the
+    /// rule of [`VnodeLayer::ordered`] allows), as deltas otherwise (compacted later, as an
+    /// unordered load's are). The committed epoch is unchanged.
+    fn commit_load_step(&mut self) -> Result<()> {
+        if self.replicated {
+            return Err(Error::InvalidConfig(
+                "a replicated handle's writes are never committed".into(),
+            ));
+        }
+        self.finish_spill()?;
+        let (runs, _) = self.build_pending(Views::Shared)?;
+        if !runs.is_empty() {
+            let (file, spans) =
+                (self.store.shared).write_runs(&self.desc, runs.iter().map(|(v, r)| (*v, r)))?;
+            for span in spans {
+                let run = DiskRun {
+                    file: file.clone(),
+                    span,
+                };
+                self.spilled.push((span.vnode, run));
+            }
+        }
+        let runs = std::mem::take(&mut self.spilled);
+        let order = std::mem::take(&mut self.order);
+        self.store.commit_load_step(&self.desc, runs, &order)
     }
 
     fn scan(

@@ -12,8 +12,8 @@ use crate::key::KeyColumn;
 use crate::store::io::RealIo;
 use crate::store::{SnapshotScan, StateStore, StateTable};
 use crate::table::TableDesc;
-use crate::vnode::VnodeBitmap;
 use crate::vnode::VnodeCount;
+use crate::vnode::{VirtualNode, VnodeBitmap};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, StringArray};
@@ -219,4 +219,87 @@ fn narrow_dictionary_keys_survive_compaction_of_many_runs() {
     for key_type in [DataType::Int8, DataType::UInt8, DataType::Int16] {
         dictionary_round_trip(&key_type, 16);
     }
+}
+
+/// A load in steps (`StateTable::commit_load_step`) of rows in key order grows each vnode's
+/// base, across reopens, and leaves nothing to compact; rows out of order become deltas.
+#[test]
+fn load_steps_in_key_order_grow_the_base() {
+    let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+    let desc = TableDesc::new("t", schema.clone(), vec![KeyColumn::asc("a")])
+        .unwrap()
+        .with_vnode_count(VnodeCount::new(4).unwrap());
+    let options = DurableOptions {
+        compaction: Compaction::Manual,
+        ..DurableOptions::default()
+    };
+    let chunk = |keys: Vec<i64>| {
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(keys))]).unwrap();
+        StreamChunk::inserts(batch)
+    };
+    let runs = |store: &DurableStore| -> Vec<(usize, usize)> {
+        let state = store.read().unwrap();
+        let table = state.table("t").unwrap();
+        table
+            .vnodes
+            .iter()
+            .map(|v| (v.base.len(), v.deltas.len()))
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = DurableStore::open_with(dir.path(), RealIo::shared(), options.clone()).unwrap();
+    store.create_table(desc.clone()).unwrap();
+    let mut handle = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .unwrap();
+    for step in 0..3 {
+        handle
+            .write(&chunk((step * 1000..(step + 1) * 1000).collect()))
+            .unwrap();
+        handle.commit_load_step().unwrap();
+    }
+    assert_eq!(store.committed_epoch().unwrap(), None);
+    assert_eq!(
+        runs(&store),
+        vec![(3, 0); 4],
+        "each step's runs extend the base"
+    );
+    drop(handle);
+    drop(store);
+    let store = DurableStore::open_with(dir.path(), RealIo::shared(), options.clone()).unwrap();
+    assert_eq!(runs(&store), vec![(3, 0); 4], "reopened");
+    // Keys below the base's last: deltas, merged by reads and compaction.
+    let mut handle = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .unwrap();
+    handle.write(&chunk((3000..3500).rev().collect())).unwrap();
+    handle.write(&chunk((-500..0).collect())).unwrap();
+    handle.commit_load_step().unwrap();
+    assert!(
+        runs(&store)
+            .iter()
+            .all(|&(base, deltas)| base == 3 && deltas == 1)
+    );
+    handle.seal(1).unwrap();
+    store.commit(1).unwrap();
+    let count = |store: &DurableStore| -> usize {
+        let handle = store
+            .table("t", VnodeBitmap::full(desc.vnode_count()))
+            .unwrap();
+        (0..4)
+            .map(|v| {
+                let mut scan = handle.scan(VirtualNode::new(v), None, 1, 4096).unwrap();
+                let mut n = 0;
+                while let Some(b) = scan.next_batch().unwrap() {
+                    n += b.batch.num_rows();
+                }
+                n
+            })
+            .sum()
+    };
+    assert_eq!(count(&store), 4000);
+    store.compact().unwrap();
+    assert_eq!(runs(&store), vec![(1, 0); 4]);
+    assert_eq!(count(&store), 4000);
 }

@@ -43,7 +43,7 @@ use crate::vnode::{VirtualNode, VnodeCount, check_hashable, mix64_rows};
 const DIGEST_BATCH_ROWS: usize = 64 * 1024;
 
 /// Per vnode: a row count and an order-independent checksum of the rows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TableDigest {
     rows: Vec<i64>,
     sums: Vec<u64>,

@@ -16,8 +16,8 @@ mod validation;
 
 // The library's job API, under the names the tool's modules use for it.
 pub use arrangement_backfill::job::{
-    BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, PreparedCheckpoint,
-    Recovery, SealedLoad, TableLoader,
+    BackfillJob, Change, ExactlyOnceSink, JobControl, JobOptions, JobProgress, LoadProgress,
+    PreparedCheckpoint, Recovery, SealedLoad, TableLoader,
 };
 
 pub use certificate::{Certificate, TableDigest, certify_output};

@@ -19,13 +19,23 @@
 //! load), so the job's own checks of each change are off.
 //!
 //! # Resuming
-//! With the durable store (the default, in `OUT/state`) the load commits, with the snapshot,
-//! the replay's record in the store's meta:
+//! With the durable store (the default, in `OUT/state`) the load commits in steps (one per
+//! [`LOAD_STEP_ROWS`] snapshot rows, [`TableLoader::commit_step`]), the first with the
+//! replay's record in the store's meta:
 //! - `replay.job`: the job's identity (dataset name, columns, keys, vnode count, input files
 //!   and sizes); a state directory of another job is refused;
 //! - `replay.format`: the state's layout version (`STATE_FORMAT`, 2);
 //! - `replay.job_id` and `replay.out`: the tie to the output (`output.rs`);
+//! - `replay.validated`: once the dataset's validation passed, its outcome (the dataset's
+//!   counts and the digest of the table it ends with), with the next step or the load's
+//!   final commit: a run that resumes on the same input (its identity unchanged) does not
+//!   validate it again;
 //!
+//! and the library's load record (`upstream.<table>.load`: the rows the committed steps
+//! hold, complete once the load's final commit made the snapshot epoch). A run killed during
+//! the load resumes it after the rows its last step committed (the snapshot files before
+//! them are not read again, the rows before them in their file are skipped by the reader):
+//! a kill costs the rows loaded since that step;
 //! and the job commits its own at every checkpoint: how many changelog rows the table holds,
 //! whether the backfill finished, each file's record ([`BackfillJob::resume_point_in`],
 //! [`BackfillJob::committed_records`]).
@@ -58,8 +68,8 @@ use crate::job::remote;
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{
-    BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, SealedLoad, TableDigest,
-    TableLoader,
+    BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, LoadProgress,
+    SealedLoad, TableDigest, TableLoader,
 };
 use crate::replay::Dataset;
 use crate::replay::SnapshotFeed;
@@ -75,6 +85,12 @@ use crate::vnode::VnodeCount;
 const SNAPSHOT_EPOCH: u64 = 1;
 /// Rows per Parquet read and store write while bulk loading the snapshot.
 const LOAD_BATCH_ROWS: usize = 64 * 1024;
+/// Snapshot rows per load step (a durable commit of the rows loaded so far, which a run
+/// killed during the load resumes after), unless set ([`ReplayOptions::load_step_rows`]);
+/// at least 256 rows a vnode, so each step gives every vnode full blocks and its base stays
+/// a short chain. At lineitem scale 1 (6M rows), 12 steps; a step costs one run file and one
+/// log record (the load's spilled pieces are committed as they are).
+pub const LOAD_STEP_ROWS: u64 = 1 << 19;
 
 /// A replay's rows per snapshot output batch and per change chunk, unless set
 /// ([`ReplayOptions::batch_size`], `--batch-size`): 8192, as DataFusion's batches.
@@ -102,6 +118,8 @@ const META_JOB: &str = "replay.job";
 /// [`JOB_NAME`] (2). A state without it was written by an older version.
 const META_FORMAT: &str = "replay.format";
 const STATE_FORMAT: &str = "2";
+/// The outcome of the dataset's validation, once it passed (see the module docs).
+const META_VALIDATED: &str = "replay.validated";
 /// The name the replay's backfill runs under in its state ([`BackfillJob`]).
 const JOB_NAME: &str = "replay";
 /// How often the replay reports its progress.
@@ -156,6 +174,9 @@ pub struct ReplayOptions {
     /// For an output on object storage (`out` a URL): the local directory of its state and
     /// of the files on their way (`None`: [`remote::default_cache`]).
     pub cache: Option<PathBuf>,
+    /// Snapshot rows per durable load step (`None`: [`LOAD_STEP_ROWS`], or 256 a vnode if
+    /// more).
+    pub load_step_rows: Option<u64>,
 }
 
 /// An online rescale of a replay (`--rescale EPOCH:N`).
@@ -208,6 +229,7 @@ impl ReplayOptions {
             rescales: Vec::new(),
             cache: None,
             scratch: std::env::temp_dir(),
+            load_step_rows: None,
         }
     }
 }
@@ -244,6 +266,9 @@ pub struct ReplaySummary {
     pub elapsed: Duration,
     /// Time spent bulk loading the snapshot (zero when resumed).
     pub load_time: Duration,
+    /// When this run resumed a snapshot load a killed run had begun: the snapshot rows its
+    /// committed steps held (not loaded again).
+    pub load_resumed_at: Option<u64>,
     /// The output directory.
     pub out: PathBuf,
     /// The committed epoch this run resumed from, if it resumed.
@@ -324,8 +349,8 @@ pub async fn run_replay(
     run_replay_until(dataset, options, on_progress, std::future::pending()).await
 }
 
-/// [`run_replay`], stopped cleanly when `interrupted` completes: during the load, the load is
-/// abandoned (nothing of it committed); during the backfill, the job ends at its next
+/// [`run_replay`], stopped cleanly when `interrupted` completes: during the load, the load
+/// stops between batches (its committed steps stay: the next run resumes after them); during the backfill, the job ends at its next
 /// checkpoint (`JobControl::stop`; nothing half-written is left in the output); and the
 /// result is an [`Error::Interrupted`] naming the epoch to resume from.
 pub async fn run_replay_until(
@@ -411,9 +436,31 @@ async fn run_replay_local(
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut interrupted = std::pin::pin!(interrupted);
-    let mut validation = match new_dirs {
-        Some(_) => Validation::beside(dataset, desc, options.scratch.clone())?,
-        None => {
+    let found = match (&new_dirs, &options.state) {
+        (None, StateChoice::Durable(dir)) if !options.fresh => {
+            peek_state(dataset, &desc, options.io.as_ref(), dir)
+        }
+        _ => Found::default(),
+    };
+    let mut validation = match (new_dirs.as_ref(), found) {
+        (
+            _,
+            Found {
+                validated: Some(recorded),
+                ..
+            },
+        ) => recorded,
+        // A load of this job under way has nothing to lose either: the table is never
+        // backfilled before the validation passed (the load's final commit waits for it).
+        (Some(_), _)
+        | (
+            None,
+            Found {
+                load_under_way: true,
+                ..
+            },
+        ) => Validation::beside(dataset, desc, options.scratch.clone())?,
+        (None, _) => {
             // Existing directories have something to lose: nothing is touched before the
             // dataset is known good. A signal meanwhile stops the run at once.
             let mut validation =
@@ -437,6 +484,38 @@ async fn run_replay_local(
         new_dirs.remove();
     }
     result
+}
+
+/// What the state of this very job (its job identity, every input file's size, time and
+/// footer checksum, the one this run computes) holds that decides how the dataset is
+/// validated, read without opening the store. Nothing for no state, another job's, or an
+/// unreadable one: then the dataset is validated first, and the open decides the rest.
+#[derive(Default)]
+struct Found {
+    /// The validation it recorded as passed.
+    validated: Option<Validation>,
+    /// A snapshot load under way (steps committed, not complete).
+    load_under_way: bool,
+}
+
+fn peek_state(dataset: &Dataset, desc: &TableDesc, io: &dyn StorageIo, dir: &Path) -> Found {
+    let peek = || -> Option<Found> {
+        let meta = durable::committed_meta(io, dir).ok()??;
+        let recorded: JobIdentity = serde_json::from_str(meta.get(META_JOB)?).ok()?;
+        if recorded != JobIdentity::of(dataset, desc).ok()? {
+            return None;
+        }
+        let load: Option<LoadProgress> = (meta
+            .get(&arrangement_backfill::job::load_key(desc.name())))
+        .and_then(|v| serde_json::from_str(v).ok());
+        Some(Found {
+            validated: meta
+                .get(META_VALIDATED)
+                .and_then(|v| Validation::recorded(v)),
+            load_under_way: load.is_some_and(|l| !l.complete),
+        })
+    };
+    peek().unwrap_or_default()
 }
 
 /// [`run_replay_until`] once the options are checked and the validation started: the store
@@ -469,8 +548,11 @@ async fn run_validated(
                 durable::destroy(io.as_ref(), dir)?;
             }
             let mut store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
-            if store.committed_epoch()?.is_none() {
-                // Nothing was ever committed (a run that died during its load): start clean.
+            if store.committed_epoch()?.is_none()
+                && LoadProgress::of(&store, desc.name())?.is_none()
+            {
+                // Nothing was ever committed (a run that died before its first load step):
+                // start clean.
                 drop(store);
                 durable::destroy(io.as_ref(), dir)?;
                 store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
@@ -727,7 +809,10 @@ impl<'a, S: StateStore> Job<'a, S> {
 
     /// Bulk loads the snapshot into the upstream table and seals it at the snapshot epoch
     /// (the caller commits it, once the validation passed). The batches come from `feed` (the
-    /// ones a validation beside the load decodes) or are read here.
+    /// ones a validation beside the load decodes) or are read here. Every `step.rows` rows
+    /// the rows loaded so far are committed (a load step, with the validation's outcome once
+    /// it is in `step.validated`); `step.resume` resumes the load a killed run left, after
+    /// the rows its steps committed.
     ///
     /// Stops between batches once `stop` is set (with [`Error::Internal`]; the caller
     /// reports the interruption). Runs on a blocking thread of its own, so the job can
@@ -738,21 +823,45 @@ impl<'a, S: StateStore> Job<'a, S> {
         dataset: Dataset,
         feed: Option<SnapshotFeed>,
         stop: Arc<AtomicBool>,
+        step: LoadSteps,
     ) -> Result<SealedLoad<S>> {
-        let mut loader = TableLoader::create(&store, desc)?;
+        let (mut loader, mut skip) = match step.resume {
+            Some(_) => {
+                let (loader, progress) = TableLoader::resume(&store, desc.name())?;
+                (loader, progress.rows)
+            }
+            None => (TableLoader::create(&store, desc)?, 0),
+        };
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
         let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
             Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
             None => {
-                let batches = dataset.read_snapshot(LOAD_BATCH_ROWS)?;
+                let rows = usize::try_from(step.rows).unwrap_or(usize::MAX);
+                let batches = dataset.read_snapshot_from(LOAD_BATCH_ROWS.min(rows), skip);
+                skip = 0;
                 Box::new(Prefetch::new("backfill-load", READ_AHEAD, batches)?)
             }
         };
+        let mut validated = false;
         for batch in batches {
             if stop.load(Ordering::Relaxed) {
                 return Err(internal!("the snapshot load was stopped"));
             }
-            loader.write(batch?)?;
+            let mut batch = batch?;
+            // Rows a resumed load holds already (when they come from a feed).
+            if skip > 0 {
+                let n = (batch.num_rows() as u64).min(skip);
+                batch = batch.slice(n as usize, batch.num_rows() - n as usize);
+                skip -= n;
+            }
+            loader.write(batch)?;
+            if loader.rows() - loader.committed().rows >= step.rows {
+                if !validated && let Some(outcome) = step.validated.get() {
+                    store.stage_meta(META_VALIDATED, outcome)?;
+                    validated = true;
+                }
+                loader.commit_step()?;
+            }
         }
         Ok(loader.seal()?)
     }
@@ -770,6 +879,25 @@ impl<'a, S: StateStore> Job<'a, S> {
         let Some(epoch) = self.store.committed_epoch()? else {
             return Ok(None);
         };
+        self.check_identity()?;
+        let resume = BackfillJob::resume_point_in(&self.store, JOB_NAME, self.desc.name())?;
+        Ok(Some((epoch, resume.changes, resume.ended)))
+    }
+
+    /// The snapshot load a killed run left half done, if any: what its committed steps hold
+    /// (the state's record checked as a resumed job's is).
+    fn load_to_resume(&self) -> Result<Option<LoadProgress>> {
+        match LoadProgress::of(&self.store, self.desc.name())? {
+            Some(progress) if !progress.complete => {
+                self.check_identity()?;
+                Ok(Some(progress))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Checks that the state's record names this job (its identity and layout version).
+    fn check_identity(&self) -> Result<()> {
         let conflict = |message: String| Error::StateConflict {
             path: self.state_dir(),
             message,
@@ -797,8 +925,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                     .into(),
             ));
         }
-        let resume = BackfillJob::resume_point_in(&self.store, JOB_NAME, self.desc.name())?;
-        Ok(Some((epoch, resume.changes, resume.ended)))
+        Ok(())
     }
 
     /// The state's job id, which must be the one `out_record` (the output's) names: a state
@@ -945,8 +1072,21 @@ impl<'a, S: StateStore> Job<'a, S> {
         let mut interrupted = std::pin::pin!(interrupted);
         let io = self.options.io.clone();
         let record = self.committed_record()?;
+        let resumed_load = match record {
+            Some(_) => None,
+            None => self.load_to_resume()?,
+        };
         let out_record = JobRecord::read(io.as_ref(), &self.options.out)?;
         match record {
+            None if resumed_load.is_some() => {
+                // A load a killed run began: its dataset was validated (or the validation
+                // kept in the state); its output holds this job's record and no file.
+                let dataset = validation.finish()?;
+                self.snapshot_rows = dataset.snapshot_rows;
+                self.last_epoch = dataset.last_epoch.unwrap_or(0);
+                self.expected = validation.expected_digest().cloned();
+                self.check_tie(out_record.as_ref())?;
+            }
             Some((epoch, _, _)) => {
                 // A job resumes only on a dataset validated first (the directories existed).
                 let dataset = validation.finish()?;
@@ -982,6 +1122,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             checkpoints: 0,
             elapsed: Duration::ZERO,
             load_time: Duration::ZERO,
+            load_resumed_at: resumed_load.map(|p| p.rows),
             out: self.options.out.clone(),
             resumed_from: record.map(|(epoch, _, _)| epoch),
             changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
@@ -1024,13 +1165,38 @@ impl<'a, S: StateStore> Job<'a, S> {
             None => {
                 // The upstream table, bulk loaded and committed at the snapshot epoch.
                 let load_started = Instant::now();
+                // The replay's record goes with the load's first step (or its commit).
+                let identity = serde_json::to_string(&self.identity)
+                    .map_err(|e| internal!("job record: {e}"))?;
+                store.stage_meta(META_JOB, &identity)?;
+                store.stage_meta(META_FORMAT, STATE_FORMAT)?;
+                store.stage_meta(META_JOB_ID, &self.job_id)?;
+                store.stage_meta(
+                    META_OUT,
+                    &Place::of(&self.options.out)?.path.display().to_string(),
+                )?;
+                let steps = LoadSteps {
+                    rows: match &self.options.state {
+                        StateChoice::Memory => u64::MAX,
+                        StateChoice::Durable(_) => self.options.load_step_rows.unwrap_or(
+                            LOAD_STEP_ROWS.max(256 * self.desc.vnode_count().get() as u64),
+                        ),
+                    }
+                    .max(1),
+                    resume: resumed_load,
+                    validated: validation.outcome(),
+                };
                 let stop = Arc::new(AtomicBool::new(false));
                 let loading = tokio::task::spawn_blocking({
                     let (store, desc, dataset) =
                         (store.clone(), self.desc.clone(), self.dataset.clone());
-                    let feed = validation.take_snapshot_feed();
+                    // A resumed load reads only the rows after its steps, itself: the
+                    // validation reads the whole snapshot on its own.
+                    let feed = validation
+                        .take_snapshot_feed()
+                        .filter(|_| steps.resume.is_none());
                     let stop = stop.clone();
-                    move || Self::load(store, desc, dataset, feed, stop)
+                    move || Self::load(store, desc, dataset, feed, stop, steps)
                 });
                 let loaded = self
                     .until_interrupted(&mut interrupted, &stop, loading)
@@ -1047,15 +1213,11 @@ impl<'a, S: StateStore> Job<'a, S> {
                 self.last_epoch = dataset.last_epoch.unwrap_or(0);
                 summary.snapshot_rows = dataset.snapshot_rows;
                 summary.last_epoch = self.last_epoch;
-                let identity = serde_json::to_string(&self.identity)
-                    .map_err(|e| internal!("job record: {e}"))?;
-                store.stage_meta(META_JOB, &identity)?;
-                store.stage_meta(META_FORMAT, STATE_FORMAT)?;
-                store.stage_meta(META_JOB_ID, &self.job_id)?;
-                store.stage_meta(
-                    META_OUT,
-                    &Place::of(&self.options.out)?.path.display().to_string(),
-                )?;
+                if store.meta(META_VALIDATED)?.is_none()
+                    && let Some(outcome) = validation.outcome().get()
+                {
+                    store.stage_meta(META_VALIDATED, outcome)?;
+                }
                 let committed = loader.commit()?;
                 if committed.epoch != SNAPSHOT_EPOCH {
                     return Err(internal!("the load committed epoch {}", committed.epoch));
@@ -1211,6 +1373,16 @@ impl<'a, S: StateStore> Job<'a, S> {
             })
         }
     }
+}
+
+/// How [`Job::load`] commits its steps.
+struct LoadSteps {
+    /// Rows per step (`u64::MAX`: none, the in-memory store's load).
+    rows: u64,
+    /// The load to resume: what its committed steps hold.
+    resume: Option<LoadProgress>,
+    /// The validation's outcome once it passed, committed with the next step.
+    validated: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Aborts a task when dropped.

@@ -8,9 +8,14 @@
 //! removes the directories it created ([`NewDirs`]). The snapshot is then decoded once, on a
 //! reader thread that hands every batch to both the validation and the load
 //! ([`Validation::take_snapshot_feed`]).
+//!
+//! A validation that passed is kept in the replay's state ([`Validation::outcome`], committed
+//! with a snapshot load step or the load's final commit, beside the job's identity, which
+//! names every input file's size, time and footer checksum): a run that resumes on the same
+//! input takes it from there ([`Validation::recorded`]) instead of reading the dataset again.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::error::{Result, internal};
@@ -30,6 +35,8 @@ pub(crate) struct Validation {
     failed: bool,
     /// The snapshot's batches the validation reads, for the load to read too.
     snapshot_feed: Option<SnapshotFeed>,
+    /// The outcome of a validation that passed, encoded for the state ([`Self::outcome`]).
+    outcome: Arc<OnceLock<String>>,
 }
 
 /// Batches the snapshot reader decodes ahead of the slower of its two consumers.
@@ -47,6 +54,35 @@ impl std::fmt::Debug for Validation {
 
 /// What a successful validation found.
 type Validated = (DatasetSummary, TableDigest);
+
+/// A validation's outcome as the state keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Recorded {
+    summary: DatasetSummary,
+    digest: TableDigest,
+}
+
+/// `validated` encoded for the state.
+fn encode(validated: &Validated) -> Result<String> {
+    let recorded = Recorded {
+        summary: validated.0,
+        digest: validated.1.clone(),
+    };
+    serde_json::to_string(&recorded).map_err(|e| internal!("a validation's record: {e}"))
+}
+
+/// [`validate`], its outcome encoded into `outcome` once it passed.
+fn validate_keeping(
+    dataset: &Dataset,
+    desc: &TableDesc,
+    scratch: &Path,
+    snapshot: Option<SnapshotFeed>,
+    outcome: &OnceLock<String>,
+) -> Result<Validated> {
+    let validated = validate(dataset, desc, scratch, snapshot)?;
+    let _ = outcome.set(encode(&validated)?);
+    Ok(validated)
+}
 
 #[derive(Debug)]
 enum State {
@@ -83,7 +119,27 @@ impl Validation {
             )?)),
             failed: false,
             snapshot_feed: None,
+            outcome: Arc::default(),
         })
+    }
+
+    /// The validation a state recorded (`value`, from [`Self::outcome`]), for a run that
+    /// resumes on the same input: done, nothing read. `None` if the value is unreadable (an
+    /// older or damaged record: the caller validates again).
+    pub fn recorded(value: &str) -> Option<Self> {
+        let recorded: Recorded = serde_json::from_str(value).ok()?;
+        Some(Self {
+            state: State::Done(Box::new((recorded.summary, recorded.digest))),
+            failed: false,
+            snapshot_feed: None,
+            outcome: Arc::new(OnceLock::from(value.to_string())),
+        })
+    }
+
+    /// Where the outcome of this validation appears once it passed, encoded for the state
+    /// (set by the validation's thread: a load step may commit it while the load goes on).
+    pub fn outcome(&self) -> Arc<OnceLock<String>> {
+        self.outcome.clone()
     }
 
     /// [`Self::first`] on a thread of its own, so that the caller can watch for signals
@@ -95,14 +151,17 @@ impl Validation {
         scratch: PathBuf,
     ) -> Result<Self> {
         let dataset = dataset.clone();
+        let outcome: Arc<OnceLock<String>> = Arc::default();
+        let cell = outcome.clone();
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
-            .spawn(move || validate(&dataset, &desc, &scratch, None))
+            .spawn(move || validate_keeping(&dataset, &desc, &scratch, None, &cell))
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
             failed: false,
             snapshot_feed: None,
+            outcome,
         })
     }
 
@@ -124,14 +183,20 @@ impl Validation {
         let batches = dataset.read_snapshot_files(SNAPSHOT_CHUNK_ROWS);
         let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
         let dataset = dataset.clone();
+        let outcome: Arc<OnceLock<String>> = Arc::default();
+        let cell = outcome.clone();
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
-            .spawn(move || validate(&dataset, &desc, &scratch, Some(Box::new(for_validation))))
+            .spawn(move || {
+                let feed: SnapshotFeed = Box::new(for_validation);
+                validate_keeping(&dataset, &desc, &scratch, Some(feed), &cell)
+            })
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
             failed: false,
             snapshot_feed: Some(Box::new(for_load)),
+            outcome,
         })
     }
 
@@ -256,6 +321,14 @@ mod tests {
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
+                let value = beside
+                    .outcome()
+                    .get()
+                    .cloned()
+                    .expect("an outcome once passed");
+                let mut recorded = Validation::recorded(&value).unwrap();
+                assert_eq!(recorded.expected_digest(), Some(&expected), "seed {seed}");
+                assert_eq!(recorded.finish().unwrap(), beside.finish().unwrap());
             }
         }
         assert!(valid >= 10, "only {valid} valid datasets");
@@ -272,6 +345,8 @@ mod tests {
         let mut beside = Validation::beside(&data, desc, std::env::temp_dir()).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
+        assert!(beside.outcome().get().is_none(), "no outcome kept");
+        assert!(Validation::recorded("{\"summary\": 1}").is_none());
         assert_eq!(beside.expected_digest(), None);
     }
 

@@ -61,7 +61,7 @@ pub struct EpochChunk {
 }
 
 /// Counts from a full pass over a dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct DatasetSummary {
     /// Rows in the snapshot.
     pub snapshot_rows: u64,
@@ -224,7 +224,24 @@ impl Dataset {
         &self,
         batch_size: usize,
     ) -> impl Iterator<Item = Result<(usize, RecordBatch)>> + Send + 'static {
+        self.snapshot_reader(batch_size, 0)
+    }
+
+    /// [`Dataset::read_snapshot`] from row `skip` of the snapshot on (in file order): whole
+    /// files before it are not opened beyond their footers, and the rows before it in its
+    /// file are skipped by the Parquet reader (a resumed load).
+    pub fn read_snapshot_from(
+        &self,
+        batch_size: usize,
+        skip: u64,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
+        self.snapshot_reader(batch_size, skip)
+            .map(|item| item.map(|(_, batch)| batch))
+    }
+
+    fn snapshot_reader(&self, batch_size: usize, skip: u64) -> SnapshotReader {
         SnapshotReader {
+            skip,
             files: self.snapshot_files.clone().into(),
             next_file: 0,
             schema: self.schema.clone(),
@@ -322,6 +339,8 @@ fn is_reserved(name: &str) -> bool {
 }
 
 struct SnapshotReader {
+    /// Rows still to skip before the first batch.
+    skip: u64,
     files: VecDeque<PathBuf>,
     /// The index of the next file to open.
     next_file: usize,
@@ -347,7 +366,17 @@ impl SnapshotReader {
             let Some(path) = self.files.pop_front() else {
                 return Ok(None);
             };
-            let reader = files::open_reader(&path, self.batch_size)?;
+            let mut reader = files::open_reader(&path, self.batch_size)?;
+            if self.skip > 0 {
+                let rows = reader.total_rows();
+                if self.skip >= rows {
+                    self.skip -= rows;
+                    self.next_file += 1;
+                    continue;
+                }
+                reader.skip_to(self.skip)?;
+                self.skip = 0;
+            }
             if !files::same_columns(reader.schema().fields(), self.schema.fields()) {
                 return Err(Error::dataset(
                     &path,

@@ -240,6 +240,19 @@ impl BatchReader {
         })
     }
 
+    /// Rows in the file (from its footer).
+    pub(crate) fn total_rows(&self) -> u64 {
+        self.total_rows
+    }
+
+    /// Goes on from row `from` of the file (skipping the rows before it without decoding
+    /// them where the file allows).
+    pub(crate) fn skip_to(&mut self, from: u64) -> Result<()> {
+        self.reader = self.reader_from(from, None)?;
+        self.next_row = from;
+        Ok(())
+    }
+
     /// The file's Arrow schema.
     pub(crate) fn schema(&self) -> SchemaRef {
         self.schema.clone()
