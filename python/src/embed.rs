@@ -154,20 +154,68 @@ impl Iterator for Stoppable {
     }
 }
 
-/// The job over `store`: the snapshot loaded unless the store holds the table already, the
-/// changes after the rows the table holds.
+/// The store of a `backfill()` call.
+enum Store {
+    Memory(MemoryStore),
+    Durable(arrangement_backfill::DurableStore),
+}
+
+impl Store {
+    /// The store `state` names (`None`: a new in-memory one), holding the table: loaded from
+    /// `snapshot` unless it holds it already. The snapshot is released at the end (a
+    /// producer such as a DuckDB connection may then open the changes' stream).
+    fn with_table(
+        state: Option<PathBuf>,
+        desc: TableDesc,
+        snapshot: Stoppable,
+    ) -> Result<Self, Error> {
+        let store = match state {
+            None => Store::Memory(MemoryStore::new()),
+            Some(dir) => Store::Durable(durable_store(&dir)?),
+        };
+        fn load<S: StateStore>(
+            store: &S,
+            desc: TableDesc,
+            snapshot: Stoppable,
+        ) -> Result<(), Error> {
+            if store.table_desc(desc.name()).is_err() {
+                load_table(store, desc, snapshot)?;
+            }
+            Ok(())
+        }
+        match &store {
+            Store::Memory(s) => load(s, desc, snapshot)?,
+            Store::Durable(s) => load(s, desc, snapshot)?,
+        }
+        Ok(store)
+    }
+
+    fn start(
+        self,
+        job: &str,
+        table: &str,
+        options: JobOptions,
+        changes: ArrowArrayStreamReader,
+        runtime: &'static tokio::runtime::Runtime,
+    ) -> Result<BackfillJob, Error> {
+        match self {
+            Store::Memory(s) => start(&s, job, table, options, changes, runtime),
+            Store::Durable(s) => start(&s, job, table, options, changes, runtime),
+        }
+    }
+}
+
+/// The job `job` over the table `table` of `store`, fed the changes after the rows the table
+/// holds.
 fn start<S: StateStore>(
-    store: S,
-    request: Request,
-    snapshot: Stoppable,
+    store: &S,
+    job: &str,
+    table: &str,
+    options: JobOptions,
     changes: ArrowArrayStreamReader,
     runtime: &'static tokio::runtime::Runtime,
 ) -> Result<BackfillJob, Error> {
-    let table = request.desc.name().to_string();
-    if store.table_desc(&table).is_err() {
-        load_table(&store, request.desc, snapshot)?;
-    }
-    let resume = BackfillJob::resume_point_in(&store, &request.job, &table)?;
+    let resume = BackfillJob::resume_point_in(store, job, table)?;
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Change, Error>>(2);
     // The changes, read on a thread of their own (the producer may be Python code).
     let mut skip = resume.changes as usize;
@@ -195,7 +243,7 @@ fn start<S: StateStore>(
         })
         .map_err(|e| Error::InvalidConfig(format!("cannot start the changes' reader: {e}")))?;
     let _entered = runtime.enter();
-    BackfillJob::start(&store, &request.job, &table, request.options, rx)
+    BackfillJob::start(store, job, table, options, rx)
 }
 
 /// A running job read as changelog batches: the iterator behind the returned
@@ -342,8 +390,21 @@ pub fn backfill_job<'py>(
     }
     let snapshot = ArrowArrayStreamReader::from_pyarrow_bound(snapshot)
         .map_err(|e| BadInput::new_err(format!("snapshot: not an Arrow stream: {e}")))?;
-    let changes = ArrowArrayStreamReader::from_pyarrow_bound(changes)
-        .map_err(|e| BadInput::new_err(format!("changes: not an Arrow stream: {e}")))?;
+    // The changes' stream is opened after the load (a DuckDB connection has one open result
+    // at a time); what it is, is checked now.
+    let is_stream = |o: &Bound<'py, PyAny>| {
+        o.hasattr("__arrow_c_stream__").unwrap_or(false)
+            || o.hasattr("_export_to_c").unwrap_or(false)
+    };
+    if !is_stream(changes) {
+        return Err(BadInput::new_err(format!(
+            "changes: not an Arrow stream (no __arrow_c_stream__): {}",
+            changes
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        )));
+    }
     let key = names("key", key)?;
     let descending = descending.map(|d| names("descending", d)).transpose()?;
     let order = match order {
@@ -392,22 +453,23 @@ pub fn backfill_job<'py>(
         reader: snapshot,
         stop: stop.clone(),
     };
+    let Request { job, desc, options } = request;
+    let table = desc.name().to_string();
     let waited = interruptible(
         py,
-        move || match state {
-            None => start(MemoryStore::new(), request, snapshot, changes, runtime),
-            Some(dir) => start(durable_store(&dir)?, request, snapshot, changes, runtime),
-        },
+        move || Store::with_table(state, desc, snapshot),
         || stop.store(true, Ordering::Relaxed),
         |_| {},
     )?;
     if let Some(interrupted) = waited.interrupted {
-        if let Ok(job) = waited.value {
-            py.detach(|| runtime.block_on(job.shutdown()));
-        }
         return Err(interrupted);
     }
-    let job = waited.value.map_err(to_py)?;
+    let store = waited.value.map_err(to_py)?;
+    let changes = ArrowArrayStreamReader::from_pyarrow_bound(changes)
+        .map_err(|e| BadInput::new_err(format!("changes: not an Arrow stream: {e}")))?;
+    let job = py
+        .detach(|| store.start(&job, &table, options, changes, runtime))
+        .map_err(to_py)?;
     let schema = arrangement_backfill::chunk::changelog_schema(&job.schema(), true);
     let iterator = Changelog {
         running: std::sync::Mutex::new(Some(Running {
