@@ -55,6 +55,7 @@ use crate::chunk::StreamChunk;
 use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
 use crate::job::remote;
+use crate::job::shard::{Shard, ShardFilter};
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{
@@ -156,6 +157,9 @@ pub struct ReplayOptions {
     /// For an output on object storage (`out` a URL): the local directory of its state and
     /// of the files on their way (`None`: [`remote::default_cache`]).
     pub cache: Option<PathBuf>,
+    /// The shard this replay owns (`--shard I/N`, see `shard.rs`); `None`: every vnode. Set
+    /// with [`ReplayOptions::with_shard`], which also moves the default state.
+    pub shard: Option<Shard>,
 }
 
 /// An online rescale of a replay (`--rescale EPOCH:N`).
@@ -208,8 +212,38 @@ impl ReplayOptions {
             rescales: Vec::new(),
             cache: None,
             scratch: std::env::temp_dir(),
+            shard: None,
         }
     }
+
+    /// The replay of `shard` only: its state, when it is the default one (`OUT/state`),
+    /// becomes the shard's default (`OUT/state.shard-I-of-N`), so the N shards of one output
+    /// keep their states apart.
+    pub fn with_shard(mut self, shard: Option<Shard>) -> Self {
+        if self.state == StateChoice::Durable(self.out.join(STATE_DIR)) {
+            self.state = StateChoice::Durable(default_state_dir(&self.out, shard));
+        }
+        self.shard = shard;
+        self
+    }
+}
+
+/// The default state directory of the part `shard` of the output `out`: `OUT/state`, or
+/// `OUT/state.shard-I-of-N` for a shard.
+pub fn default_state_dir(out: &Path, shard: Option<Shard>) -> PathBuf {
+    match shard {
+        None => out.join(STATE_DIR),
+        Some(shard) => out.join(format!("{STATE_DIR}.{}", shard.tag())),
+    }
+}
+
+/// The backfill actors of a replay asked for `parallelism` actors: for a shard, as many for
+/// each shard's range (`parallelism` x N, at most the vnode count), since the job spreads
+/// its actors over every vnode and the other shards' vnodes hold nothing (their actors finish
+/// at once): so about `parallelism` actors share the shard's rows.
+pub fn actors_for(parallelism: usize, shard: Option<Shard>, vnodes: usize) -> usize {
+    let per_range = shard.map_or(1, |s| s.count() as usize);
+    parallelism.saturating_mul(per_range).min(vnodes).max(1)
 }
 
 /// A progress report, sent after every downstream message.
@@ -273,6 +307,8 @@ pub struct ReplaySummary {
     pub finish_record: Option<FinishRecord>,
     /// For an output on object storage: the files this run uploaded.
     pub uploaded_files: Option<u64>,
+    /// The shard this replay owned, with its vnodes (`None`: every vnode).
+    pub shard: Option<(Shard, std::ops::Range<usize>)>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -340,11 +376,14 @@ pub async fn run_replay_until(
     // An output on object storage (`remote.rs`): the replay runs into the local cache while
     // a thread uploads what it commits; once more at the end, whatever the end.
     let url = options.out.clone();
-    let cache = (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url));
+    let cache =
+        (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url, options.shard));
     let mut local = options.clone();
     local.out = cache.clone();
     match &options.state {
-        StateChoice::Durable(dir) if *dir == url.join(STATE_DIR) => {
+        StateChoice::Durable(dir)
+            if *dir == url.join(STATE_DIR) || *dir == default_state_dir(&url, options.shard) =>
+        {
             local.state = StateChoice::Durable(cache.join(STATE_DIR));
         }
         StateChoice::Durable(dir) if storage::is_url(dir) => {
@@ -355,7 +394,10 @@ pub async fn run_replay_until(
         }
         _ => {}
     }
-    let syncing = remote::RemoteOut::claim(&url, &cache)?.start();
+    if let Some(shard) = options.shard {
+        shard.range(options.vnodes)?;
+    }
+    let syncing = remote::RemoteOut::claim(&url, &cache, options.shard)?.start();
     let result = run_replay_local(dataset, &local, on_progress, interrupted).await;
     let uploaded = tokio::task::spawn_blocking(move || syncing.finish())
         .await
@@ -388,6 +430,9 @@ async fn run_replay_local(
         return Err(Error::config("checkpoint-every must be at least 1".into()));
     }
     let vnodes = options.vnodes.get();
+    if let Some(shard) = options.shard {
+        shard.range(options.vnodes)?;
+    }
     // The initial parallelism is capped at the vnode count (one actor per vnode at most); a
     // rescale names its actors exactly, so it must fit.
     let actors = std::iter::once((options.parallelism, true))
@@ -404,6 +449,8 @@ async fn run_replay_local(
         StateChoice::Durable(dir) => Some(dir.as_path()),
     };
     output::check_places(dataset.dir(), &options.out, state_dir)?;
+    // Before anything is read or written: one layout (unsharded, or N shards) per output.
+    output::check_layout(&options.out, options.shard)?;
     // New directories have nothing to lose: validate beside the load (see `validation.rs`).
     let new_dirs = match &options.state {
         StateChoice::Memory => NewDirs::of(&[&options.out]),
@@ -451,7 +498,7 @@ async fn run_validated(
     let desc = dataset.table_desc(options.vnodes)?;
     let io = options.io.clone();
     io.create_dir_all(&options.out)?;
-    let _out_lock = DirLock::acquire_file(&options.out.join(output::OUT_LOCK_FILE))?;
+    let _out_lock = DirLock::acquire_file(&options.out.join(output::lock_file(options.shard)))?;
     match &options.state {
         StateChoice::Memory => {
             let job = Job::new(MemoryStore::new(), dataset, options, desc)?;
@@ -462,7 +509,7 @@ async fn run_validated(
                 // A new state: refuse another job's output before creating it.
                 check_claim(
                     options,
-                    JobRecord::read(io.as_ref(), &options.out)?.as_ref(),
+                    JobRecord::read(io.as_ref(), &options.out, options.shard)?.as_ref(),
                 )?;
             }
             if options.fresh {
@@ -504,7 +551,7 @@ async fn validation_done(
 fn check_claim(options: &ReplayOptions, existing: Option<&JobRecord>) -> Result<()> {
     let io = options.io.as_ref();
     let out = &options.out;
-    let names = output::output_names(io, out)?;
+    let names = output::output_names(io, out, options.shard)?;
     if !options.fresh && !names.is_empty() {
         let message = match existing {
             // An in-memory job's output can never be resumed: the next run redoes it.
@@ -515,12 +562,12 @@ fn check_claim(options: &ReplayOptions, existing: Option<&JobRecord>) -> Result<
                  output, or choose another --out",
                 r.state_shown()
             )),
-            None => Some(
-                "holds output files (changes/epoch-*.parquet) of no job this version of \
-                 backfill knows, which this run would delete: use --fresh to discard them, \
-                 or choose another --out"
-                    .to_string(),
-            ),
+            None => Some(format!(
+                "holds output files (changes/{}) of no job this version of backfill knows, \
+                 which this run would delete: use --fresh to discard them, or choose another \
+                 --out",
+                output::part_file_name(0, options.shard).replace("00000000000000000000", "*")
+            )),
         };
         if let Some(message) = message {
             return Err(Error::StateConflict {
@@ -543,6 +590,10 @@ struct JobIdentity {
     vnodes: usize,
     snapshot_files: Vec<InputFile>,
     change_files: Vec<InputFile>,
+    /// The shard the state holds (`I/N`); `None` (and absent in a state of an older version):
+    /// every vnode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shard: Option<String>,
 }
 
 /// What identifies an input file's content, cheaply: its name, size and modification time,
@@ -609,7 +660,7 @@ impl InputFile {
 }
 
 impl JobIdentity {
-    fn of(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
+    fn of(dataset: &Dataset, desc: &TableDesc, shard: Option<Shard>) -> Result<Self> {
         let files = |paths: &[PathBuf]| -> Result<Vec<InputFile>> {
             paths.iter().map(|p| InputFile::of(p)).collect()
         };
@@ -630,6 +681,7 @@ impl JobIdentity {
             vnodes: desc.vnode_count().get(),
             snapshot_files: files(dataset.snapshot_files())?,
             change_files: files(dataset.change_files())?,
+            shard: shard.map(|s| s.to_string()),
         })
     }
 
@@ -658,6 +710,11 @@ impl JobIdentity {
             self.vnodes.to_string(),
             other.vnodes.to_string(),
         );
+        let shard = |s: &Option<String>| match s {
+            Some(s) => format!("shard {s}"),
+            None => "every vnode (no shard)".to_string(),
+        };
+        check("shard", shard(&self.shard), shard(&other.shard));
         for (what, mine, theirs) in [
             (
                 "snapshot files",
@@ -711,7 +768,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         options: &'a ReplayOptions,
         desc: TableDesc,
     ) -> Result<Self> {
-        let identity = JobIdentity::of(dataset, &desc)?;
+        let identity = JobIdentity::of(dataset, &desc, options.shard)?;
         Ok(Self {
             store,
             dataset,
@@ -737,6 +794,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         desc: TableDesc,
         dataset: Dataset,
         feed: Option<SnapshotFeed>,
+        filter: Option<ShardFilter>,
         stop: Arc<AtomicBool>,
     ) -> Result<SealedLoad<S>> {
         let mut loader = TableLoader::create(&store, desc)?;
@@ -748,11 +806,19 @@ impl<'a, S: StateStore> Job<'a, S> {
                 Box::new(Prefetch::new("backfill-load", READ_AHEAD, batches)?)
             }
         };
+        // A shard loads only its vnodes' rows.
+        let batches = batches.map(|batch| match &filter {
+            Some(filter) => batch.and_then(|b| filter.batch(b)),
+            None => batch,
+        });
         for batch in batches {
             if stop.load(Ordering::Relaxed) {
                 return Err(internal!("the snapshot load was stopped"));
             }
-            loader.write(batch?)?;
+            let batch = batch?;
+            if batch.num_rows() > 0 {
+                loader.write(batch)?;
+            }
         }
         Ok(loader.seal()?)
     }
@@ -874,7 +940,18 @@ impl<'a, S: StateStore> Job<'a, S> {
             },
             finished,
         };
-        record.write(self.options.io.as_ref(), &self.options.out)
+        record.write(
+            self.options.io.as_ref(),
+            &self.options.out,
+            self.options.shard,
+        )
+    }
+
+    /// The filter of the replay's shard (`None`: every vnode).
+    fn shard_filter(&self) -> Result<Option<ShardFilter>> {
+        (self.options.shard)
+            .map(|shard| ShardFilter::new(shard, self.desc.clone()))
+            .transpose()
     }
 
     /// The end of a job that finished before this run, from its output's job record (its
@@ -887,13 +964,19 @@ impl<'a, S: StateStore> Job<'a, S> {
         let finish = match record.finished.clone() {
             Some(finish) => finish,
             None => {
-                let c = crate::job::certificate::certify_locked_output(
+                let c = crate::job::certificate::certify_locked_part(
                     self.dataset,
                     &self.options.out,
+                    self.options.shard,
+                    self.options.vnodes,
                 )?;
                 let finish = FinishRecord::of(&c);
                 record.finished = Some(finish.clone());
-                record.write(self.options.io.as_ref(), &self.options.out)?;
+                record.write(
+                    self.options.io.as_ref(),
+                    &self.options.out,
+                    self.options.shard,
+                )?;
                 finish
             }
         };
@@ -945,7 +1028,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         let mut interrupted = std::pin::pin!(interrupted);
         let io = self.options.io.clone();
         let record = self.committed_record()?;
-        let out_record = JobRecord::read(io.as_ref(), &self.options.out)?;
+        let out_record = JobRecord::read(io.as_ref(), &self.options.out, self.options.shard)?;
         match record {
             Some((epoch, _, _)) => {
                 // A job resumes only on a dataset validated first (the directories existed).
@@ -958,6 +1041,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 output::check_committed_files(
                     io.as_ref(),
                     &self.options.out,
+                    self.options.shard,
                     &self.state_dir(),
                     epoch,
                     &recorded,
@@ -989,6 +1073,10 @@ impl<'a, S: StateStore> Job<'a, S> {
             last_epoch: self.last_epoch,
             finish_record: None,
             uploaded_files: None,
+            shard: match self.options.shard {
+                Some(shard) => Some((shard, shard.range(self.options.vnodes)?)),
+                None => None,
+            },
             final_checkpoint: None,
             actors: Vec::new(),
             rescales: 0,
@@ -1005,11 +1093,12 @@ impl<'a, S: StateStore> Job<'a, S> {
             Some(_) => BackfillJob::resume_point_in(store, JOB_NAME, &name)?.checkpoint,
             None => None,
         };
-        let mut sink = ParquetSink::open(
+        let mut sink = ParquetSink::open_part(
             self.options.io.clone(),
             &self.options.out,
             self.desc.schema(),
             checkpoint,
+            self.options.shard,
         )?
         .with_key_statistics(&key)?;
         if record.is_none() {
@@ -1030,7 +1119,8 @@ impl<'a, S: StateStore> Job<'a, S> {
                         (store.clone(), self.desc.clone(), self.dataset.clone());
                     let feed = validation.take_snapshot_feed();
                     let stop = stop.clone();
-                    move || Self::load(store, desc, dataset, feed, stop)
+                    let filter = self.shard_filter()?;
+                    move || Self::load(store, desc, dataset, feed, filter, stop)
                 });
                 let loaded = self
                     .until_interrupted(&mut interrupted, &stop, loading)
@@ -1078,7 +1168,11 @@ impl<'a, S: StateStore> Job<'a, S> {
         // The backfill: the library's job over the upstream table, fed the changelog after
         // the rows the table holds, into the Parquet sink. The dataset was validated whole, so
         // the job's own checks of each change are off (it would look up every changed key).
-        let actors = self.options.parallelism.min(self.desc.vnode_count().get());
+        let actors = actors_for(
+            self.options.parallelism,
+            self.options.shard,
+            self.desc.vnode_count().get(),
+        );
         let options = JobOptions {
             parallelism: actors,
             order: self.options.order,
@@ -1087,7 +1181,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             checkpoint_every: self.options.checkpoint_every,
             barrier_interval: self.options.barrier_interval,
             check_changes: false,
-            estimate: Some(self.snapshot_rows),
+            // A shard's rows are counted from its store (the dataset's count is every vnode's).
+            estimate: (self.options.shard.is_none()).then_some(self.snapshot_rows),
             ..JobOptions::default()
         };
         let (changes_tx, changes_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -1112,6 +1207,9 @@ impl<'a, S: StateStore> Job<'a, S> {
             skip: applied,
             control: control.clone(),
             rescales: rescales.into(),
+            filter: self.shard_filter()?,
+            shard: self.options.shard,
+            vnodes: self.desc.vnode_count().get(),
         };
         let source_task = tokio::spawn(source.run(applied_tx));
         // Abort the source if this future is dropped or stops early.
@@ -1187,13 +1285,18 @@ impl<'a, S: StateStore> Job<'a, S> {
             .ok_or_else(|| internal!("a certificate before the dataset's validation finished"))?;
         let downstream = match sink.published_digest() {
             Some(digest) => digest.clone(),
-            None => TableDigest::of_output(&self.options.out, &self.desc)?,
+            None => TableDigest::of_part(&self.options.out, &self.desc, self.options.shard)?,
         };
+        // A shard's table is its vnodes' rows.
+        let mut upstream = upstream.clone();
+        if let Some(shard) = self.options.shard {
+            upstream.retain(shard.range(self.desc.vnode_count())?);
+        }
         Ok(Certificate::compare(
             &self.desc,
             self.last_epoch,
             &downstream,
-            upstream,
+            &upstream,
         ))
     }
 
@@ -1236,6 +1339,12 @@ struct ChangeSource {
     control: JobControl,
     /// Rescales not yet requested, by dataset epoch.
     rescales: VecDeque<RescalePoint>,
+    /// A shard's filter: only its vnodes' changes reach the job.
+    filter: Option<ShardFilter>,
+    /// The shard (its rescales are to as many actors per shard's range, see [`actors_for`]).
+    shard: Option<Shard>,
+    /// The table's vnode count.
+    vnodes: usize,
 }
 
 impl ChangeSource {
@@ -1260,6 +1369,11 @@ impl ChangeSource {
         let changes = self.dataset.read_changes(self.batch_size)?;
         for item in Prefetch::new("backfill-changes", READ_AHEAD, changes)? {
             let mut item = item?;
+            // A shard applies only its vnodes' changes: the rows the job counts (and the
+            // rows to skip on a resume) are those.
+            if let Some(filter) = &self.filter {
+                item.chunk = filter.chunk(item.chunk)?;
+            }
             if skip > 0 {
                 let n = item.chunk.num_rows() as u64;
                 if skip >= n {
@@ -1286,6 +1400,9 @@ impl ChangeSource {
                 }
             }
             let n = item.chunk.num_rows() as u64;
+            if n == 0 {
+                continue;
+            }
             self.send(Change::Chunk(item.chunk)).await?;
             rows += n;
             paced += n;
@@ -1317,7 +1434,8 @@ impl ChangeSource {
                 break;
             }
             self.rescales.pop_front();
-            self.control.rescale(point.actors)?;
+            self.control
+                .rescale(actors_for(point.actors, self.shard, self.vnodes))?;
         }
         Ok(())
     }
