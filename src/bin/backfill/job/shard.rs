@@ -9,7 +9,8 @@
 //! Shards count from 0 (`--shard 0/2` and `--shard 1/2`), as Kubernetes' completion index
 //! and AWS Batch's array index do; a Slurm array's task ids are made to count from 0 by
 //! subtracting `SLURM_ARRAY_TASK_MIN` (and dividing by the step). The ranges are those of
-//! [`VnodeBitmap::split`] (the actors' ranges), so `N <= V`: no shard is empty of vnodes.
+//! [`VnodeBitmap::split`](crate::vnode::VnodeBitmap::split) (the actors' ranges), so
+//! `N <= V`: no shard is empty of vnodes.
 //!
 //! A shard loads only its vnodes' snapshot rows and applies only its vnodes' changes
 //! ([`ShardFilter`], applied to the batches before they reach the loader and to the change
