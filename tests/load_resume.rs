@@ -47,10 +47,22 @@ fn thousands(n: u64) -> String {
 /// `steps` steps (0: as soon as its state directory exists), and returns what its state then
 /// holds of the load.
 fn kill_during_load(dataset: &Path, out: &Path, steps: u64) -> Option<LoadProgress> {
+    kill_during_load_with(dataset, out, steps, &[], "state")
+}
+
+/// [`kill_during_load`] with `extra` options, the state in `OUT/<state>`.
+fn kill_during_load_with(
+    dataset: &Path,
+    out: &Path,
+    steps: u64,
+    extra: &[&str],
+    state: &str,
+) -> Option<LoadProgress> {
     let mut args = replay_args(dataset, out);
     args.extend(["--load-step-rows", STEP]);
+    args.extend_from_slice(extra);
     let mut child = spawn(&args);
-    let state = out.join("state");
+    let state = out.join(state);
     let started = Instant::now();
     loop {
         assert!(
@@ -140,5 +152,35 @@ fn a_load_killed_twice_resumes_after_each_kill() {
     } else {
         ok(&replay_args(&dataset, &out));
     }
+    verified(&dataset, &out);
+}
+
+/// A shard's load holds its own rows only: killed after some steps, it resumes after them
+/// (counted after the shard's filter, not as dataset rows), and the two shards' output
+/// verifies together.
+#[test]
+fn a_shards_load_killed_resumes_after_its_own_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = synthetic(
+        tmp.path().join("ds"),
+        &["--scale", "3", "--epochs", "5", "--changes", "3000"],
+    );
+    let out = tmp.path().join("out");
+    let shard = ["--shard", "1/2"];
+    let left = kill_during_load_with(&dataset, &out, 3, &shard, "state.shard-1-of-2")
+        .expect("a load record");
+    let mut args = replay_args(&dataset, &out);
+    args.extend_from_slice(&shard);
+    let resumed = ok(&args);
+    let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();
+    if !left.complete {
+        assert!(
+            stdout.contains(&format!("load resumed at {}", thousands(left.rows))),
+            "{stdout}"
+        );
+    }
+    let mut args = replay_args(&dataset, &out);
+    args.extend(["--shard", "0/2"]);
+    ok(&args);
     verified(&dataset, &out);
 }

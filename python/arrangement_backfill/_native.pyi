@@ -92,6 +92,7 @@ def replay(
     verify: bool = False,
     progress: bool = False,
     cache: Optional[str] = None,
+    shard: Optional[str] = None,
 ) -> dict:
     """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
     resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``).
@@ -106,12 +107,17 @@ def replay(
     ``verified`` with ``verify=True``). Runs without the GIL. Ctrl-C stops it at its next
     checkpoint, as SIGINT stops the tool, and raises ``KeyboardInterrupt``: the same call
     resumes. ``progress=True`` shows a progress bar (``tqdm`` when installed, in a terminal or
-    a notebook; else a line a second on ``sys.stderr``). Bad input raises ``BadInput``; a
-    certificate mismatch ``BackfillError``."""
+    a notebook; else a line a second on ``sys.stderr``). ``shard="I/N"`` replays only the
+    I-th of N even vnode ranges (I from 0), as ``--shard I/N`` (``"auto"``: from the batch
+    scheduler's environment, N from ``BACKFILL_SHARDS`` where it gives none); the summary's
+    ``shard`` names it. Bad input raises ``BadInput``; a certificate mismatch
+    ``BackfillError``."""
 
 def verify(dataset: str, out: str, *, tmp: Optional[str] = None) -> dict:
     """``backfill verify``: checks that ``out`` holds exactly snapshot + changes, each row once
-    (``output_files``, ``output_rows``, ``final_rows``), or raises saying what differs."""
+    (``output_files``, ``output_rows``, ``final_rows``; for a sharded output, ``shards``: the
+    ``"I/N"`` of all N shards, checked together), or raises saying what differs (a missing
+    shard named)."""
 
 def gen(
     kind: str,

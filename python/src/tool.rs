@@ -37,7 +37,7 @@ fn tool_err(error: error::Error) -> PyErr {
     dataset, out = None, *, state = None, memory = false, fresh = false, vnodes = 256,
     batch_size = 8192, order = "merged", checkpoint_every = 1, barrier_interval_ms = None,
     rate_limit = None, upstream_rate = None, parallelism = None, rescale = None, tmp = None,
-    verify = false, progress = false, cache = None
+    verify = false, progress = false, cache = None, shard = None
 ))]
 #[expect(
     clippy::too_many_arguments,
@@ -63,6 +63,7 @@ pub fn replay_fn<'py>(
     verify: bool,
     progress: bool,
     cache: Option<PathBuf>,
+    shard: Option<&str>,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
     use job::replay::{Interrupt, ReplayOptions, StateChoice, default_out_dir, run_replay_until};
     let runtime = runtime()?;
@@ -100,6 +101,14 @@ pub fn replay_fn<'py>(
         options.scratch = dir.clone();
     }
     options.cache = cache;
+    // `shard="I/N"` as `--shard I/N` (I from 0; "auto" from the scheduler's environment,
+    // N from BACKFILL_SHARDS where the scheduler does not give it).
+    let shard = match shard {
+        None => None,
+        Some("auto") => Some(job::shard::Shard::from_env(None).map_err(tool_err)?),
+        Some(text) => Some(text.parse::<job::shard::Shard>().map_err(tool_err)?),
+    };
+    let options = options.with_shard(shard);
     // The latest progress, written by the job, shown by the waiting thread.
     let latest: Arc<Mutex<Option<Reading>>> = Arc::default();
     let mut display = progress.then(|| Progress::new(py, ds.name()));
@@ -174,6 +183,10 @@ pub fn replay_fn<'py>(
     dict.set_item("dataset_epoch", summary.last_epoch)?;
     dict.set_item("final_checkpoint", summary.final_checkpoint)?;
     dict.set_item("uploaded_files", summary.uploaded_files)?;
+    dict.set_item(
+        "shard",
+        summary.shard.as_ref().map(|(shard, _)| shard.to_string()),
+    )?;
     let certificate = match (&summary.certificate, &summary.finish_record) {
         (Some(c), _) => Some((c.describe(), c.matches())),
         (None, Some(f)) => Some((f.certificate.clone(), f.certificate_matches)),
@@ -204,6 +217,10 @@ fn verify_output<'py>(
     dict.set_item("output_files", report.output_files)?;
     dict.set_item("output_rows", report.output_rows)?;
     dict.set_item("final_rows", report.final_rows)?;
+    dict.set_item(
+        "shards",
+        (report.shards.as_ref()).map(|s| s.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+    )?;
     Ok(dict)
 }
 

@@ -131,6 +131,23 @@ def test_the_tools_jobs_as_functions(tmp_path):
         ab.gen("nope", str(tmp_path / "x"))
 
 
+def test_shards_as_functions(tmp_path):
+    ds = str(tmp_path / "ds")
+    ab.gen("synthetic", ds, scale=0.05, epochs=5, seed=4)
+    out = str(tmp_path / "out")
+    first = ab.replay(ds, out, shard="0/2")
+    assert first["shard"] == "0/2" and first["certificate_matches"] is True
+    with pytest.raises(ab.BadInput, match="shard 1/2 is missing"):
+        ab.verify(ds, out)
+    with pytest.raises(ab.BadInput, match="2 shards'"):
+        ab.replay(ds, out, shard="0/3")
+    with pytest.raises(ab.BadInput):
+        ab.replay(ds, out, shard="2/2")
+    ab.replay(ds, out, shard="1/2")
+    assert ab.verify(ds, out)["shards"] == ["0/2", "1/2"]
+    assert ab.replay(ds, str(tmp_path / "whole"))["shard"] is None
+
+
 def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     """README's Python example, run as a user would (from a copy of the repository's root:
     the bundled dataset where it says)."""

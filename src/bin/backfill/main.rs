@@ -25,6 +25,7 @@ use crate::job::replay::{
     DEFAULT_BATCH_SIZE, Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint,
     STATE_DIR, StateChoice, default_out_dir, default_parallelism, run_replay_until,
 };
+use crate::job::shard::Shard;
 use crate::job::{Certificate, certify_output};
 use crate::replay::{
     Dataset, ExternalSortOptions, GenKind, GenOptions, SyntheticShape, generate,
@@ -111,6 +112,13 @@ enum Command {
     /// rest, beside a new validation of the dataset, and says where it resumed); after it,
     /// a stop costs at most the work since the last checkpoint (the validation, passed, is
     /// kept in the state and not run again).
+    ///
+    /// Shards: `--shard I/N` replays only the I-th of N even vnode ranges (I counts from 0),
+    /// into its own files of the output (OUT/changes/epoch-E.shard-I-of-N.parquet) with its
+    /// own state (OUT/state.shard-I-of-N): N processes, on one machine or N, share the
+    /// dataset and the output with no coordination, and `verify` checks the N shards'
+    /// output together. `--shard auto` takes I and N from a batch scheduler (Kubernetes
+    /// indexed Job, Slurm array, AWS Batch array job).
     Replay(ReplayArgs),
     /// Check a replay's output: OUT/changes applied in order must equal snapshot + changes.
     Verify {
@@ -185,9 +193,23 @@ struct ReplayArgs {
     /// Progress display [default: bar on a terminal, plain otherwise].
     #[arg(long, value_enum)]
     progress: Option<ProgressArg>,
-    /// After the run, check the output against snapshot + changes.
+    /// After the run, check the output against snapshot + changes (for a shard: the whole
+    /// output, so every shard must have finished).
     #[arg(long)]
     verify: bool,
+    /// Replay only shard I of N (I from 0 to N-1): the I-th of N even vnode ranges (N at
+    /// most --vnodes), into OUT/changes/epoch-E.shard-I-of-N.parquet, state in
+    /// OUT/state.shard-I-of-N. `auto`: I (and N where given) from the batch scheduler's
+    /// environment: JOB_COMPLETION_INDEX (Kubernetes indexed Job), SLURM_ARRAY_TASK_ID
+    /// minus SLURM_ARRAY_TASK_MIN with N = SLURM_ARRAY_TASK_COUNT (Slurm array),
+    /// AWS_BATCH_JOB_ARRAY_INDEX (AWS Batch array job); N from --shards or BACKFILL_SHARDS
+    /// where the scheduler does not give it. A shard's state and output never take
+    /// another I or N.
+    #[arg(long, value_name = "I/N|auto")]
+    shard: Option<ShardArg>,
+    /// With --shard auto: the number of shards N (or BACKFILL_SHARDS).
+    #[arg(long, value_name = "N", requires = "shard", value_parser = clap::value_parser!(u32).range(1..))]
+    shards: Option<u32>,
     /// Where the dataset's validation (and `--verify`) spill their sorted runs, in scratch
     /// directories of their own removed on every exit [default: TMPDIR, or /tmp].
     #[arg(long, value_name = "DIR")]
@@ -195,6 +217,24 @@ struct ReplayArgs {
     /// Snapshot rows per durable load step (tests: many steps on a small dataset).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u64).range(1..))]
     load_step_rows: Option<u64>,
+}
+
+/// `--shard`: `I/N`, or `auto` (from the scheduler's environment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardArg {
+    Given(Shard),
+    Auto,
+}
+
+impl std::str::FromStr for ShardArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "auto" {
+            return Ok(ShardArg::Auto);
+        }
+        s.parse().map(ShardArg::Given).map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -338,6 +378,9 @@ fn run(cli: Cli) -> Result<()> {
                 report.output_files,
                 report.final_rows
             );
+            if let Some(line) = shards_line(&report) {
+                say!("{line}");
+            }
             check_certificate(&dataset, &out)
         }
         Command::Gen(args) => {
@@ -395,12 +438,26 @@ fn replay(args: ReplayArgs) -> Result<()> {
     let out = (args.out.as_ref())
         .map(|out| crate::replay::storage::local_or_url(&out.to_string_lossy()))
         .unwrap_or_else(|| default_out_dir(&dataset));
+    let shard = match args.shard {
+        None => None,
+        Some(ShardArg::Given(shard)) => {
+            if let Some(n) = args.shards.filter(|n| *n != shard.count()) {
+                return Err(crate::error::Error::config(format!(
+                    "--shard {shard} is one of {} shards, but --shards says {n}",
+                    shard.count()
+                )));
+            }
+            Some(shard)
+        }
+        Some(ShardArg::Auto) => Some(Shard::from_env(args.shards)?),
+    };
     let mut options = ReplayOptions::new(out.clone());
     options.state = match (args.memory, &args.state) {
         (true, _) => StateChoice::Memory,
         (false, Some(dir)) => StateChoice::Durable(dir.clone()),
         (false, None) => StateChoice::Durable(out.join(STATE_DIR)),
     };
+    let mut options = options.with_shard(shard);
     options.fresh = args.fresh;
     let options = ReplayOptions {
         vnodes: VnodeCount::new(args.vnodes)?,
@@ -423,6 +480,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
             Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
             None => default_parallelism().min(args.vnodes),
         },
+        shard,
         rescales: args.rescale.clone(),
         scratch: scratch_dir(args.tmp.as_deref()),
         cache: args.cache.clone(),
@@ -471,6 +529,9 @@ fn replay(args: ReplayArgs) -> Result<()> {
             "verified: the output applies cleanly and equals snapshot + changes ({} rows)",
             report.final_rows
         );
+        if let Some(line) = shards_line(&report) {
+            say!("{line}");
+        }
         check_certificate(&dataset, &out)?;
     }
     Ok(())
@@ -490,6 +551,17 @@ fn check_certificate(dataset: &Dataset, out: &std::path::Path) -> Result<()> {
             message: c.describe(),
         })
     }
+}
+
+/// What `verify` saw of a sharded output: "  shards            0/2, 1/2 (all 2)".
+fn shards_line(report: &crate::replay::VerifyReport) -> Option<String> {
+    let seen = report.shards.as_ref()?;
+    let names: Vec<String> = seen.iter().map(|s| s.to_string()).collect();
+    let count = seen.first().map_or(0, |s| s.count());
+    Some(format!(
+        "  shards            {} (all {count}, checked together)",
+        names.join(", ")
+    ))
 }
 
 /// The summary line of a completion certificate.
@@ -597,6 +669,13 @@ fn print_summary(name: &str, s: &ReplaySummary) {
             "  load resumed at {} of {} rows (committed by a stopped run's load steps)",
             thousands(rows),
             thousands(s.snapshot_rows)
+        );
+    }
+    if let Some((shard, range)) = &s.shard {
+        say!(
+            "  shard             {shard}  (vnodes {}..{}; this shard's rows only)",
+            range.start,
+            range.end
         );
     }
     if let Some(epoch) = s.resumed_from {

@@ -35,6 +35,7 @@ use arrow_array::types::Int8Type;
 
 use crate::chunk::{OP_COLUMN, Op, StreamChunk};
 use crate::error::{Error, Result, internal};
+use crate::job::shard::Shard;
 use crate::replay::{Dataset, Observed};
 use crate::table::TableDesc;
 use crate::vnode::{VirtualNode, VnodeCount, check_hashable, mix64_rows};
@@ -166,15 +167,42 @@ impl TableDigest {
         Ok(())
     }
 
+    /// Keeps the vnodes in `range` (a shard's), as if the others held nothing: the table a
+    /// shard owns.
+    pub fn retain(&mut self, range: std::ops::Range<usize>) {
+        for (i, (rows, sum)) in self.rows.iter_mut().zip(&mut self.sums).enumerate() {
+            if !range.contains(&i) {
+                (*rows, *sum) = (0, 0);
+            }
+        }
+    }
+
     /// The digest of the committed output of a replay in `out`: its
-    /// [`output_files`](crate::job::output_files).
+    /// [`output_files`](crate::job::output::output_files).
     pub fn of_output(out: &Path, desc: &TableDesc) -> Result<Self> {
-        Self::of_output_in_batches(out, desc, DIGEST_BATCH_ROWS)
+        let files = crate::job::output::output_files(out)?;
+        Self::of_files(files, desc, DIGEST_BATCH_ROWS)
+    }
+
+    /// The digest of the part `shard` of the committed output in `out` (`None`: an
+    /// unsharded replay's files).
+    pub fn of_part(out: &Path, desc: &TableDesc, shard: Option<Shard>) -> Result<Self> {
+        let files = crate::job::output::part_files(out, shard)?;
+        Self::of_files(files, desc, DIGEST_BATCH_ROWS)
     }
 
     /// [`TableDigest::of_output`], reading `batch_rows` rows at a time.
+    #[cfg(test)]
     fn of_output_in_batches(out: &Path, desc: &TableDesc, batch_rows: usize) -> Result<Self> {
-        let files = crate::job::output::output_files(out)?;
+        Self::of_files(crate::job::output::output_files(out)?, desc, batch_rows)
+    }
+
+    /// The digest of output `files`, reading `batch_rows` rows at a time.
+    fn of_files(
+        files: Vec<(u64, std::path::PathBuf)>,
+        desc: &TableDesc,
+        batch_rows: usize,
+    ) -> Result<Self> {
         let mut digest = Self::new(desc.vnode_count());
         let schema = desc.schema();
         for (_, path) in files {
@@ -235,8 +263,26 @@ pub fn certify_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
     certify_locked_output(dataset, out)
 }
 
-/// [`certify_output`] for a caller that holds the output's lock already (a replay).
-pub(crate) fn certify_locked_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
+/// The completion certificate of the part `shard` of the output in `out` (a replay's, which
+/// holds its lock), per vnode of `vnodes`: the whole output for `None`, else the shard's
+/// files against the table of its vnodes.
+pub(crate) fn certify_locked_part(
+    dataset: &Dataset,
+    out: &Path,
+    shard: Option<Shard>,
+    vnodes: VnodeCount,
+) -> Result<Certificate> {
+    let desc = dataset.table_desc(vnodes)?;
+    let downstream = TableDigest::of_part(out, &desc, shard)?;
+    let (mut upstream, epoch) = TableDigest::of_dataset(dataset, &desc)?;
+    if let Some(shard) = shard {
+        upstream.retain(shard.range(vnodes)?);
+    }
+    Ok(Certificate::compare(&desc, epoch, &downstream, &upstream))
+}
+
+/// [`certify_output`] for a caller that holds the output's lock already.
+fn certify_locked_output(dataset: &Dataset, out: &Path) -> Result<Certificate> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let downstream = TableDigest::of_output(out, &desc)?;
     let (upstream, epoch) = TableDigest::of_dataset(dataset, &desc)?;

@@ -11,6 +11,7 @@ mod lanes;
 pub mod output;
 pub mod remote;
 pub mod replay;
+pub mod shard;
 pub mod sink;
 mod validation;
 
@@ -23,4 +24,3 @@ pub use arrangement_backfill::job::{
 pub use certificate::{Certificate, TableDigest, certify_output};
 /// The generator (`backfill gen`) writes its files with the sink's column-parallel writer.
 pub(crate) use column_writer::ColumnParallelWriter;
-pub use output::output_files;

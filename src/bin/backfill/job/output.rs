@@ -4,7 +4,12 @@
 //! ```text
 //!   OUT/.backfill-job           the output's job record (JSON): job id, state directory,
 //!                               and, once finished, the final certificate
-//!   OUT/changes/epoch-E.parquet the output files (`parse_name`, here)
+//!   OUT/changes/epoch-E.parquet the output files (`parse_output_name`, here)
+//!
+//!   a shard's (`--shard I/N`, `shard.rs`): every name carries its tag, shard-I-of-N
+//!   OUT/.backfill-job.shard-I-of-N
+//!   OUT/changes/epoch-E.shard-I-of-N.parquet
+//!   OUT/.lock.shard-I-of-N
 //!   STATE (meta)                replay.job_id: the same job id
 //!                               the job's sink record of checkpoint E
 //!                               (job.replay.sink.<E, 20 digits>): rows, size, crc32 of epoch-E
@@ -27,6 +32,10 @@
 //!   never recorded, and a published file of an epoch the state says never committed (which
 //!   can only mean the state lost committed checkpoints).
 //! - **Never a link out of OUT**: `OUT/changes` must be a real directory.
+//! - **One layout per output**: unsharded, or N shards for one N. Each part (the whole
+//!   output, or one shard) reads, checks and cleans up only its own names, so N shards share
+//!   an output with no coordination; a run whose layout differs from what the output holds
+//!   is refused ([`check_layout`]).
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
@@ -36,6 +45,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Error, Result};
+use crate::job::shard::Shard;
 use crate::store::durable::DirLock;
 use crate::store::io::{StorageIo, named};
 
@@ -301,9 +311,10 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
-    /// Reads `out`'s job record; `None` when there is none.
-    pub fn read(io: &dyn StorageIo, out: &Path) -> Result<Option<Self>> {
-        let path = out.join(JOB_FILE);
+    /// Reads the job record of `out`'s part `shard` (`None`: the whole output); `None` when
+    /// there is none.
+    pub fn read(io: &dyn StorageIo, out: &Path, shard: Option<Shard>) -> Result<Option<Self>> {
+        let path = out.join(job_file(shard));
         if !io.exists(&path)? {
             return Ok(None);
         }
@@ -318,10 +329,11 @@ impl JobRecord {
         })
     }
 
-    /// Writes it durably into `out` (a new file renamed over the old one).
-    pub fn write(&self, io: &dyn StorageIo, out: &Path) -> Result<()> {
-        let path = out.join(JOB_FILE);
-        let tmp = out.join(format!("{JOB_FILE}.tmp"));
+    /// Writes it durably into `out` as the record of its part `shard` (a new file renamed
+    /// over the old one).
+    pub fn write(&self, io: &dyn StorageIo, out: &Path, shard: Option<Shard>) -> Result<()> {
+        let path = out.join(job_file(shard));
+        let tmp = out.join(format!("{}.tmp", job_file(shard)));
         let bytes = serde_json::to_vec_pretty(self)
             .map_err(|e| crate::error::internal!("job record: {e}"))?;
         let mut file = io.create(&tmp)?;
@@ -342,15 +354,48 @@ impl JobRecord {
     }
 }
 
-/// The output files in `out/changes` by epoch: `(published, tmp)` presence.
-pub(crate) fn output_names(io: &dyn StorageIo, out: &Path) -> Result<BTreeMap<u64, (bool, bool)>> {
+/// The job record's file name of the part `shard` of an output.
+pub fn job_file(shard: Option<Shard>) -> String {
+    match shard {
+        None => JOB_FILE.to_string(),
+        Some(shard) => format!("{JOB_FILE}.{}", shard.tag()),
+    }
+}
+
+/// The lock file's name of the part `shard` of an output.
+pub fn lock_file(shard: Option<Shard>) -> String {
+    match shard {
+        None => OUT_LOCK_FILE.to_string(),
+        Some(shard) => format!("{OUT_LOCK_FILE}.{}", shard.tag()),
+    }
+}
+
+/// The part a file name of `base` (`JOB_FILE`, `OUT_LOCK_FILE`) belongs to: `Some(None)` for
+/// the whole output's (`base` itself), `Some(Some(shard))` for `base.shard-I-of-N`, `None`
+/// for other names.
+fn part_of_file(name: &str, base: &str) -> Option<Option<Shard>> {
+    if name == base {
+        return Some(None);
+    }
+    let tag = name.strip_prefix(base)?.strip_prefix('.')?;
+    Shard::parse_tag(tag).map(Some)
+}
+
+/// The output files of part `shard` in `out/changes` by epoch: `(published, tmp)` presence.
+pub(crate) fn output_names(
+    io: &dyn StorageIo,
+    out: &Path,
+    shard: Option<Shard>,
+) -> Result<BTreeMap<u64, (bool, bool)>> {
     let dir = out.join(CHANGES_DIR);
     let mut files: BTreeMap<u64, (bool, bool)> = BTreeMap::new();
     if !io.exists(&dir)? {
         return Ok(files);
     }
     for name in io.list(&dir)? {
-        if let Some((epoch, tmp)) = parse_name(&name) {
+        if let Some(OutputName { epoch, tmp, .. }) =
+            parse_output_name(&name).filter(|n| n.shard == shard)
+        {
             let entry = files.entry(epoch).or_default();
             if tmp {
                 entry.1 = true;
@@ -412,12 +457,15 @@ pub(crate) fn checksum_file(io: &dyn StorageIo, path: &Path) -> Result<(u64, u32
 pub(crate) fn check_committed_files(
     io: &dyn StorageIo,
     out: &Path,
+    shard: Option<Shard>,
     state: &Path,
     committed: u64,
     recorded: &BTreeMap<u64, FileRecord>,
 ) -> Result<()> {
     let dir = out.join(CHANGES_DIR);
-    let names = output_names(io, out)?;
+    let names = output_names(io, out, shard)?;
+    let file_name = |epoch| part_file_name(epoch, shard);
+    let tmp_name = |epoch| part_tmp_name(epoch, shard);
     let conflict = |path: PathBuf, message: String| Error::StateConflict { path, message };
     for (&epoch, &(published, _)) in &names {
         if epoch > committed && published {
@@ -477,61 +525,238 @@ pub(crate) fn check_committed_files(
 
 // ---- output file names, and the output's lock ----
 
-/// The output file name of a checkpoint epoch.
+/// The output file name of a checkpoint epoch (of an unsharded replay).
+#[cfg(test)]
 pub fn file_name(epoch: u64) -> String {
-    format!("epoch-{epoch:020}.parquet")
+    part_file_name(epoch, None)
 }
 
-/// The name of a checkpoint's file before it is published.
+/// The name of a checkpoint's file before it is published (of an unsharded replay).
+#[cfg(test)]
 pub fn tmp_name(epoch: u64) -> String {
-    format!("epoch-{epoch:020}.parquet.tmp")
+    part_tmp_name(epoch, None)
 }
 
-/// A name this sink writes: `(epoch, is_tmp)`. Exactly `epoch-<20 digits>.parquet` (or
-/// `.parquet.tmp`) of an epoch that fits in a `u64`: the one rule for which files are a
-/// replay's output, so `epoch-my-notes.parquet`, `epoch-10.parquet` or
-/// `epoch-99999999999999999999.parquet` (20 digits past `u64::MAX`) are not.
+/// The output file name of a checkpoint epoch of the part `shard` of an output:
+/// `epoch-<20 digits>.parquet`, or `epoch-<20 digits>.shard-I-of-N.parquet` for a shard.
+pub fn part_file_name(epoch: u64, shard: Option<Shard>) -> String {
+    match shard {
+        None => format!("epoch-{epoch:020}.parquet"),
+        Some(shard) => format!("epoch-{epoch:020}.{}.parquet", shard.tag()),
+    }
+}
+
+/// [`part_file_name`] before it is published (`.tmp` appended).
+pub fn part_tmp_name(epoch: u64, shard: Option<Shard>) -> String {
+    format!("{}.tmp", part_file_name(epoch, shard))
+}
+
+/// What an output file's name says ([`parse_output_name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputName {
+    /// The checkpoint epoch (of the shard's own job, for a shard).
+    pub epoch: u64,
+    /// Not yet published.
+    pub tmp: bool,
+    /// The shard that wrote it; `None`: an unsharded replay.
+    pub shard: Option<Shard>,
+}
+
+/// An unsharded replay's output file name: `(epoch, is_tmp)` ([`parse_output_name`]).
+#[cfg(test)]
 pub fn parse_name(name: &str) -> Option<(u64, bool)> {
+    parse_output_name(name)
+        .filter(|n| n.shard.is_none())
+        .map(|n| (n.epoch, n.tmp))
+}
+
+/// A name a replay's sink writes: exactly `epoch-<20 digits>.parquet`, or
+/// `epoch-<20 digits>.shard-I-of-N.parquet` (see [`Shard::parse_tag`]), either with `.tmp`
+/// appended, of an epoch that fits in a `u64`: the one rule for which files are a replay's
+/// output, so `epoch-my-notes.parquet`, `epoch-10.parquet` or
+/// `epoch-99999999999999999999.parquet` (20 digits past `u64::MAX`) are not.
+pub fn parse_output_name(name: &str) -> Option<OutputName> {
     let rest = name.strip_prefix("epoch-")?;
-    let (digits, tmp) = match rest.strip_suffix(".parquet.tmp") {
+    let (rest, tmp) = match rest.strip_suffix(".parquet.tmp") {
         Some(d) => (d, true),
         None => (rest.strip_suffix(".parquet")?, false),
     };
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok().map(|e| (e, tmp)))
-        .flatten()
+    let (digits, shard) = match rest.split_once('.') {
+        None => (rest, None),
+        Some((digits, tag)) => (digits, Some(Shard::parse_tag(tag)?)),
+    };
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let epoch = digits.parse().ok()?;
+    Some(OutputName { epoch, tmp, shard })
+}
+
+/// A published output file: its name's parts and its path.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OutputFile {
+    /// The shard that wrote it (`None`: an unsharded replay).
+    pub shard: Option<Shard>,
+    /// Its checkpoint epoch.
+    pub epoch: u64,
+    /// `out/changes/<name>`.
+    pub path: PathBuf,
 }
 
 /// The published output files of a replay in `out`: `out/changes/<name>` for each name
-/// `parse_name` accepts that is not a `.tmp`, with its epoch, in epoch order. Every reader
-/// of an output (`verify`, the certificate) reads these files and no others; the replay's
-/// recovery and cleanup touch the same names.
+/// `parse_output_name` accepts that is not a `.tmp`, with its epoch, in epoch order (and by
+/// shard within an epoch), of every part. Every reader of an output (`verify`, the
+/// certificate) reads these files and no others; the replay's recovery and cleanup touch
+/// the same names (of its own part).
 pub fn output_files(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut files: Vec<(u64, PathBuf)> = (output_parts(out)?.into_iter())
+        .map(|f| (f.epoch, f.path))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The published output files of the part `shard` of `out`, in epoch order.
+pub fn part_files(out: &Path, shard: Option<Shard>) -> Result<Vec<(u64, PathBuf)>> {
+    Ok((output_parts(out)?.into_iter())
+        .filter(|f| f.shard == shard)
+        .map(|f| (f.epoch, f.path))
+        .collect())
+}
+
+/// [`output_files`] with the shard of each, ordered by shard, then epoch.
+pub fn output_parts(out: &Path) -> Result<Vec<OutputFile>> {
     let dir = out.join("changes");
-    if crate::replay::storage::is_url(out) {
-        let mut files: Vec<(u64, PathBuf)> = (crate::replay::storage::list(&dir)?)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|entry| entry.is_file)
-            .filter_map(|entry| match parse_name(&entry.name) {
-                Some((epoch, false)) => Some((epoch, entry.path)),
-                _ => None,
-            })
-            .collect();
-        files.sort();
-        return Ok(files);
-    }
-    let entries = std::fs::read_dir(&dir)
-        .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
     let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
-        if let Some((epoch, false)) = entry.file_name().to_str().and_then(parse_name) {
-            files.push((epoch, entry.path()));
+    let mut add = |name: &str, path: PathBuf| {
+        if let Some(OutputName {
+            epoch,
+            tmp: false,
+            shard,
+        }) = parse_output_name(name)
+        {
+            files.push(OutputFile { shard, epoch, path });
+        }
+    };
+    if crate::replay::storage::is_url(out) {
+        for entry in (crate::replay::storage::list(&dir)?).unwrap_or_default() {
+            if entry.is_file {
+                add(&entry.name, entry.path);
+            }
+        }
+    } else {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| Error::dataset(&dir, "", format!("cannot list the replay output: {e}")))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::dataset(&dir, "", format!("cannot list: {e}")))?;
+            if let Some(name) = entry.file_name().to_str() {
+                add(name, entry.path());
+            }
         }
     }
     files.sort();
     Ok(files)
+}
+
+/// The parts of an output: which shards (or the whole) left files or records in `out`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parts {
+    /// An unsharded replay's files or record.
+    pub whole: bool,
+    /// Shards with files or records, with the N each names.
+    pub shards: std::collections::BTreeSet<Shard>,
+}
+
+impl Parts {
+    /// The parts in `out`: from the names in `out/changes` (published or not) and the job
+    /// records in `out` (a shard with no row leaves no file), or, on object storage, the
+    /// writers' claims.
+    pub fn of(out: &Path) -> Result<Self> {
+        let mut parts = Parts::default();
+        let mut add = |part: Option<Shard>| match part {
+            None => parts.whole = true,
+            Some(shard) => {
+                parts.shards.insert(shard);
+            }
+        };
+        if crate::replay::storage::is_url(out) {
+            let changes = crate::replay::storage::list(&out.join(CHANGES_DIR))?;
+            for entry in changes.unwrap_or_default() {
+                if let Some(name) = parse_output_name(&entry.name) {
+                    add(name.shard);
+                }
+            }
+            for entry in crate::replay::storage::list(out)?.unwrap_or_default() {
+                if let Some(part) = crate::job::remote::part_of_claim(&entry.name) {
+                    add(part);
+                }
+            }
+            return Ok(parts);
+        }
+        let changes = out.join(CHANGES_DIR);
+        for dir in [&changes, &out.to_path_buf()] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                    continue;
+                };
+                if dir == &changes {
+                    if let Some(name) = parse_output_name(&name) {
+                        add(name.shard);
+                    }
+                } else if let Some(part) = part_of_file(&name, JOB_FILE) {
+                    add(part);
+                }
+            }
+        }
+        Ok(parts)
+    }
+
+    /// The layouts found, for messages: "an unsharded replay", "2 shards".
+    pub fn layouts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.whole {
+            out.push("an unsharded replay's".to_string());
+        }
+        let counts: std::collections::BTreeSet<u32> =
+            self.shards.iter().map(|s| s.count()).collect();
+        for n in counts {
+            out.push(format!("{n} shards'"));
+        }
+        out
+    }
+
+    /// Whether a run of the part `shard` fits these parts: the same layout (unsharded, or
+    /// shards of the same N) or nothing yet.
+    pub fn admit(&self, shard: Option<Shard>) -> bool {
+        match shard {
+            None => self.shards.is_empty(),
+            Some(shard) => !self.whole && self.shards.iter().all(|s| s.count() == shard.count()),
+        }
+    }
+}
+
+/// Refuses a run of the part `shard` on an output holding another layout's files or records
+/// (an unsharded replay's and a shard's, or shards of another N): the two would mix in one
+/// output, and no run removes what another part wrote. Nothing is changed.
+pub(crate) fn check_layout(out: &Path, shard: Option<Shard>) -> Result<()> {
+    let parts = Parts::of(out)?;
+    if parts.admit(shard) {
+        return Ok(());
+    }
+    let this = match shard {
+        None => "this unsharded run".to_string(),
+        Some(shard) => format!("this run, shard {shard}"),
+    };
+    Err(Error::StateConflict {
+        path: out.to_path_buf(),
+        message: format!(
+            "holds {} output, and {this} would mix another layout into it (an output is either              unsharded or the N shards of one N; a shard restarted with another N is refused):              remove that output, or choose another --out",
+            parts.layouts().join(" and ")
+        ),
+    })
 }
 
 /// The output directory's lock file.
@@ -541,27 +766,46 @@ pub const OUT_LOCK_FILE: &str = ".lock";
 /// long as the lock lives: a replay into `out` is refused meanwhile, and a reader that starts
 /// while a replay writes there fails with [`Error::Locked`] naming the replay's process
 /// instead of reading a half-written output. The same lock as a replay's; where `out` cannot
-/// be written, a shared lock on its lock file. `None`: `out` is not a directory (the reader
-/// says so), or is read-only with no lock file (no replay can write there).
-pub fn lock_output_to_read(out: &Path) -> Result<Option<DirLock>> {
+/// be written, a shared lock on its lock file. A sharded output's shards hold locks of their
+/// own (`.lock.shard-I-of-N`): each one present is locked too. Empty: `out` is not a
+/// directory (the reader says so), or is read-only with no lock file (no replay can write
+/// there).
+pub fn lock_output_to_read(out: &Path) -> Result<Vec<DirLock>> {
     // An output on object storage has no lock: its writer uploads only whole committed files.
     if !out.is_dir() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let path = out.join(OUT_LOCK_FILE);
-    match DirLock::acquire_file(&path) {
-        Ok(lock) => Ok(Some(lock)),
-        Err(EngineError::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
-            ) =>
-        {
-            Ok(DirLock::share_existing_file(&path)?)
+    // The whole output's lock, and each shard's that exists (a shard's replay holds its own).
+    let mut names = vec![OUT_LOCK_FILE.to_string()];
+    if let Ok(entries) = std::fs::read_dir(out) {
+        for entry in entries.flatten() {
+            if let Some(name) = entry.file_name().to_str()
+                && matches!(part_of_file(name, OUT_LOCK_FILE), Some(Some(_)))
+            {
+                names.push(name.to_string());
+            }
         }
-        Err(e) => Err(e.into()),
     }
+    names[1..].sort();
+    let mut locks = Vec::new();
+    for name in names {
+        let path = out.join(name);
+        match DirLock::acquire_file(&path) {
+            Ok(lock) => locks.push(lock),
+            Err(EngineError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                locks.extend(DirLock::share_existing_file(&path)?);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(locks)
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,6 +887,80 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("elsewhere"), out.join("changes")).unwrap();
         let err = check_places(&data, &out, None).unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn shard_names_parse_one_way_and_stay_apart() {
+        let shard = Shard::new(1, 3).ok();
+        let name = part_file_name(42, shard);
+        assert_eq!(name, "epoch-00000000000000000042.shard-1-of-3.parquet");
+        let parsed = |tmp| OutputName {
+            epoch: 42,
+            tmp,
+            shard,
+        };
+        assert_eq!(parse_output_name(&name), Some(parsed(false)));
+        assert_eq!(
+            parse_output_name(&part_tmp_name(42, shard)),
+            Some(parsed(true))
+        );
+        // An unsharded reader of names never takes a shard's file, nor the other way.
+        assert_eq!(parse_name(&name), None);
+        assert_eq!(parse_name(&file_name(42)), Some((42, false)));
+        assert_eq!(parse_output_name(&file_name(42)).unwrap().shard, None);
+        for bad in [
+            "epoch-00000000000000000042.shard-3-of-3.parquet",
+            "epoch-00000000000000000042.shard-01-of-3.parquet",
+            "epoch-00000000000000000042.shard-1-of-3.parquet.bak",
+            "epoch-00000000000000000042.shard-1-of-3.x.parquet",
+            "epoch-00000000000000000042..parquet",
+            "epoch-42.shard-1-of-3.parquet",
+            "epoch-00000000000000000042.notes.parquet",
+        ] {
+            assert_eq!(parse_output_name(bad), None, "{bad}");
+        }
+        assert_eq!(job_file(shard), ".backfill-job.shard-1-of-3");
+        assert_eq!(lock_file(shard), ".lock.shard-1-of-3");
+        assert_eq!(
+            part_of_file(".backfill-job.shard-1-of-3", JOB_FILE),
+            Some(shard)
+        );
+        assert_eq!(part_of_file(".backfill-job", JOB_FILE), Some(None));
+        assert_eq!(part_of_file(".backfill-job.tmp", JOB_FILE), None);
+    }
+
+    #[test]
+    fn one_layout_per_output() {
+        let s = |i, n| Shard::new(i, n).unwrap();
+        let empty = Parts::default();
+        assert!(empty.admit(None) && empty.admit(Some(s(0, 2))));
+        let two = Parts {
+            whole: false,
+            shards: [s(0, 2)].into(),
+        };
+        assert!(two.admit(Some(s(1, 2))) && two.admit(Some(s(0, 2))));
+        assert!(!two.admit(Some(s(0, 3))) && !two.admit(None));
+        let whole = Parts {
+            whole: true,
+            shards: Default::default(),
+        };
+        assert!(whole.admit(None) && !whole.admit(Some(s(0, 2))));
+        // From the files and records in a directory.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join(CHANGES_DIR)).unwrap();
+        std::fs::write(tmp.path().join(job_file(Some(s(1, 2)))), b"{}").unwrap();
+        std::fs::write(tmp.path().join(OUT_LOCK_FILE), b"").unwrap();
+        let names = [part_tmp_name(3, Some(s(0, 2))), "notes.txt".to_string()];
+        for name in names {
+            std::fs::write(tmp.path().join(CHANGES_DIR).join(name), b"x").unwrap();
+        }
+        let parts = Parts::of(tmp.path()).unwrap();
+        assert_eq!(parts.shards, [s(0, 2), s(1, 2)].into());
+        assert!(!parts.whole, "a reader's lock is no part");
+        assert!(check_layout(tmp.path(), Some(s(0, 2))).is_ok());
+        let err = check_layout(tmp.path(), Some(s(0, 3))).unwrap_err();
+        assert!(err.to_string().contains("2 shards'"), "{err}");
+        assert!(check_layout(tmp.path(), None).is_err());
     }
 
     #[test]

@@ -23,6 +23,11 @@
 //! status 2 before writing anything; of two writers starting together, exactly one creates
 //! the claim. The cache is needed to resume: with an empty cache the claim refuses (restoring
 //! the state from object storage is not built yet).
+//!
+//! A shard (`--shard I/N`) is a writer of its own part: its claim is
+//! `_backfill-writer.shard-I-of-N.json`, its default cache `out/cache/<URL>.shard-I-of-N`, and
+//! its sync lists, uploads and deletes only its own names (`epoch-E.shard-I-of-N.parquet`),
+//! so the N shards of an output never touch each other's objects.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +36,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::job::output::{CHANGES_DIR, output_files, parse_name};
+use crate::job::output::{CHANGES_DIR, parse_output_name, part_files};
+use crate::job::shard::Shard;
 use crate::replay::storage::{self, Put};
 
 /// The claim's object name under the output URL (`_`: readers' globs skip it).
@@ -46,10 +52,32 @@ const SYNC_INTERVAL: Duration = Duration::from_millis(250);
 pub struct RemoteOut {
     url: PathBuf,
     cache: PathBuf,
+    shard: Option<Shard>,
 }
 
-/// The default cache of the output `url`: `out/cache/<the URL, made a file name>`.
-pub fn default_cache(url: &Path) -> PathBuf {
+/// The claim's object name of the part `shard` of an output.
+fn claim_object(shard: Option<Shard>) -> String {
+    match shard {
+        None => WRITER_OBJECT.to_string(),
+        Some(shard) => format!("_backfill-writer.{}.json", shard.tag()),
+    }
+}
+
+/// The part whose claim `name` is: `Some(None)` for the whole output's, `None` for any
+/// other name.
+pub fn part_of_claim(name: &str) -> Option<Option<Shard>> {
+    if name == WRITER_OBJECT {
+        return Some(None);
+    }
+    let tag = name
+        .strip_prefix("_backfill-writer.")?
+        .strip_suffix(".json")?;
+    Shard::parse_tag(tag).map(Some)
+}
+
+/// The default cache of the part `shard` of the output `url`:
+/// `out/cache/<the URL, made a file name>` (`.shard-I-of-N` appended for a shard).
+pub fn default_cache(url: &Path, shard: Option<Shard>) -> PathBuf {
     let name: String = (url.to_string_lossy().chars())
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
@@ -59,6 +87,10 @@ pub fn default_cache(url: &Path) -> PathBuf {
             }
         })
         .collect();
+    let name = match shard {
+        None => name,
+        Some(shard) => format!("{name}.{}", shard.tag()),
+    };
     Path::new("out").join("cache").join(name)
 }
 
@@ -80,11 +112,13 @@ fn writer_id(cache: &Path) -> Result<String> {
 }
 
 impl RemoteOut {
-    /// Claims `url` for the writer of `cache` (see the module docs), or refuses naming the
-    /// writer that holds it.
-    pub fn claim(url: &Path, cache: &Path) -> Result<Self> {
+    /// Claims the part `shard` of `url` for the writer of `cache` (see the module docs), or
+    /// refuses naming the writer that holds it. An output holding another layout's parts
+    /// (unsharded and sharded, or shards of another N) is refused first.
+    pub fn claim(url: &Path, cache: &Path, shard: Option<Shard>) -> Result<Self> {
+        crate::job::output::check_layout(url, shard)?;
         let id = writer_id(cache)?;
-        let claim_path = url.join(WRITER_OBJECT);
+        let claim_path = url.join(claim_object(shard));
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         let cache_shown = std::fs::canonicalize(cache).unwrap_or_else(|_| cache.to_path_buf());
         let claim = serde_json::json!({
@@ -114,13 +148,14 @@ impl RemoteOut {
         Ok(Self {
             url: url.to_path_buf(),
             cache: cache.to_path_buf(),
+            shard,
         })
     }
 
     /// Makes `URL/changes` hold exactly the cache's published files (see the module docs);
     /// the files uploaded.
     pub fn sync(&self) -> Result<u64> {
-        let local = match output_files(&self.cache) {
+        let local = match part_files(&self.cache, self.shard) {
             Ok(files) => files,
             // No output yet: nothing to upload (and nothing remote is the cache's).
             Err(_) if !self.cache.join(CHANGES_DIR).exists() => Vec::new(),
@@ -136,10 +171,12 @@ impl RemoteOut {
         let remote_dir = self.url.join(CHANGES_DIR);
         let mut remote = std::collections::BTreeMap::new();
         for entry in storage::list(&remote_dir)?.unwrap_or_default() {
-            if let Some((epoch, false)) = parse_name(&entry.name)
+            if let Some(name) = parse_output_name(&entry.name)
+                && !name.tmp
+                && name.shard == self.shard
                 && entry.is_file
             {
-                remote.insert(epoch, entry);
+                remote.insert(name.epoch, entry);
             }
         }
         // Objects the cache does not hold as they are: an earlier output's. Newest first.

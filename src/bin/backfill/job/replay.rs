@@ -65,6 +65,7 @@ use crate::chunk::StreamChunk;
 use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
 use crate::job::remote;
+use crate::job::shard::{Shard, ShardFilter};
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
 use crate::job::{
@@ -177,6 +178,9 @@ pub struct ReplayOptions {
     /// Snapshot rows per durable load step (`None`: [`LOAD_STEP_ROWS`], or 256 a vnode if
     /// more).
     pub load_step_rows: Option<u64>,
+    /// The shard this replay owns (`--shard I/N`, see `shard.rs`); `None`: every vnode. Set
+    /// with [`ReplayOptions::with_shard`], which also moves the default state.
+    pub shard: Option<Shard>,
 }
 
 /// An online rescale of a replay (`--rescale EPOCH:N`).
@@ -230,8 +234,38 @@ impl ReplayOptions {
             cache: None,
             scratch: std::env::temp_dir(),
             load_step_rows: None,
+            shard: None,
         }
     }
+
+    /// The replay of `shard` only: its state, when it is the default one (`OUT/state`),
+    /// becomes the shard's default (`OUT/state.shard-I-of-N`), so the N shards of one output
+    /// keep their states apart.
+    pub fn with_shard(mut self, shard: Option<Shard>) -> Self {
+        if self.state == StateChoice::Durable(self.out.join(STATE_DIR)) {
+            self.state = StateChoice::Durable(default_state_dir(&self.out, shard));
+        }
+        self.shard = shard;
+        self
+    }
+}
+
+/// The default state directory of the part `shard` of the output `out`: `OUT/state`, or
+/// `OUT/state.shard-I-of-N` for a shard.
+pub fn default_state_dir(out: &Path, shard: Option<Shard>) -> PathBuf {
+    match shard {
+        None => out.join(STATE_DIR),
+        Some(shard) => out.join(format!("{STATE_DIR}.{}", shard.tag())),
+    }
+}
+
+/// The backfill actors of a replay asked for `parallelism` actors: for a shard, as many for
+/// each shard's range (`parallelism` x N, at most the vnode count), since the job spreads
+/// its actors over every vnode and the other shards' vnodes hold nothing (their actors finish
+/// at once): so about `parallelism` actors share the shard's rows.
+pub fn actors_for(parallelism: usize, shard: Option<Shard>, vnodes: usize) -> usize {
+    let per_range = shard.map_or(1, |s| s.count() as usize);
+    parallelism.saturating_mul(per_range).min(vnodes).max(1)
 }
 
 /// A progress report, sent after every downstream message.
@@ -298,6 +332,8 @@ pub struct ReplaySummary {
     pub finish_record: Option<FinishRecord>,
     /// For an output on object storage: the files this run uploaded.
     pub uploaded_files: Option<u64>,
+    /// The shard this replay owned, with its vnodes (`None`: every vnode).
+    pub shard: Option<(Shard, std::ops::Range<usize>)>,
 }
 
 /// Why a replay stopped early at the user's request.
@@ -365,11 +401,14 @@ pub async fn run_replay_until(
     // An output on object storage (`remote.rs`): the replay runs into the local cache while
     // a thread uploads what it commits; once more at the end, whatever the end.
     let url = options.out.clone();
-    let cache = (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url));
+    let cache =
+        (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url, options.shard));
     let mut local = options.clone();
     local.out = cache.clone();
     match &options.state {
-        StateChoice::Durable(dir) if *dir == url.join(STATE_DIR) => {
+        StateChoice::Durable(dir)
+            if *dir == url.join(STATE_DIR) || *dir == default_state_dir(&url, options.shard) =>
+        {
             local.state = StateChoice::Durable(cache.join(STATE_DIR));
         }
         StateChoice::Durable(dir) if storage::is_url(dir) => {
@@ -380,7 +419,10 @@ pub async fn run_replay_until(
         }
         _ => {}
     }
-    let syncing = remote::RemoteOut::claim(&url, &cache)?.start();
+    if let Some(shard) = options.shard {
+        shard.range(options.vnodes)?;
+    }
+    let syncing = remote::RemoteOut::claim(&url, &cache, options.shard)?.start();
     let result = run_replay_local(dataset, &local, on_progress, interrupted).await;
     let uploaded = tokio::task::spawn_blocking(move || syncing.finish())
         .await
@@ -413,6 +455,9 @@ async fn run_replay_local(
         return Err(Error::config("checkpoint-every must be at least 1".into()));
     }
     let vnodes = options.vnodes.get();
+    if let Some(shard) = options.shard {
+        shard.range(options.vnodes)?;
+    }
     // The initial parallelism is capped at the vnode count (one actor per vnode at most); a
     // rescale names its actors exactly, so it must fit.
     let actors = std::iter::once((options.parallelism, true))
@@ -429,6 +474,8 @@ async fn run_replay_local(
         StateChoice::Durable(dir) => Some(dir.as_path()),
     };
     output::check_places(dataset.dir(), &options.out, state_dir)?;
+    // Before anything is read or written: one layout (unsharded, or N shards) per output.
+    output::check_layout(&options.out, options.shard)?;
     // New directories have nothing to lose: validate beside the load (see `validation.rs`).
     let new_dirs = match &options.state {
         StateChoice::Memory => NewDirs::of(&[&options.out]),
@@ -438,7 +485,7 @@ async fn run_replay_local(
     let mut interrupted = std::pin::pin!(interrupted);
     let found = match (&new_dirs, &options.state) {
         (None, StateChoice::Durable(dir)) if !options.fresh => {
-            peek_state(dataset, &desc, options.io.as_ref(), dir)
+            peek_state(dataset, &desc, options.shard, options.io.as_ref(), dir)
         }
         _ => Found::default(),
     };
@@ -498,11 +545,17 @@ struct Found {
     load_under_way: bool,
 }
 
-fn peek_state(dataset: &Dataset, desc: &TableDesc, io: &dyn StorageIo, dir: &Path) -> Found {
+fn peek_state(
+    dataset: &Dataset,
+    desc: &TableDesc,
+    shard: Option<Shard>,
+    io: &dyn StorageIo,
+    dir: &Path,
+) -> Found {
     let peek = || -> Option<Found> {
         let meta = durable::committed_meta(io, dir).ok()??;
         let recorded: JobIdentity = serde_json::from_str(meta.get(META_JOB)?).ok()?;
-        if recorded != JobIdentity::of(dataset, desc).ok()? {
+        if recorded != JobIdentity::of(dataset, desc, shard).ok()? {
             return None;
         }
         let load: Option<LoadProgress> = (meta
@@ -530,7 +583,7 @@ async fn run_validated(
     let desc = dataset.table_desc(options.vnodes)?;
     let io = options.io.clone();
     io.create_dir_all(&options.out)?;
-    let _out_lock = DirLock::acquire_file(&options.out.join(output::OUT_LOCK_FILE))?;
+    let _out_lock = DirLock::acquire_file(&options.out.join(output::lock_file(options.shard)))?;
     match &options.state {
         StateChoice::Memory => {
             let job = Job::new(MemoryStore::new(), dataset, options, desc)?;
@@ -541,7 +594,7 @@ async fn run_validated(
                 // A new state: refuse another job's output before creating it.
                 check_claim(
                     options,
-                    JobRecord::read(io.as_ref(), &options.out)?.as_ref(),
+                    JobRecord::read(io.as_ref(), &options.out, options.shard)?.as_ref(),
                 )?;
             }
             if options.fresh {
@@ -586,7 +639,7 @@ async fn validation_done(
 fn check_claim(options: &ReplayOptions, existing: Option<&JobRecord>) -> Result<()> {
     let io = options.io.as_ref();
     let out = &options.out;
-    let names = output::output_names(io, out)?;
+    let names = output::output_names(io, out, options.shard)?;
     if !options.fresh && !names.is_empty() {
         let message = match existing {
             // An in-memory job's output can never be resumed: the next run redoes it.
@@ -597,12 +650,12 @@ fn check_claim(options: &ReplayOptions, existing: Option<&JobRecord>) -> Result<
                  output, or choose another --out",
                 r.state_shown()
             )),
-            None => Some(
-                "holds output files (changes/epoch-*.parquet) of no job this version of \
-                 backfill knows, which this run would delete: use --fresh to discard them, \
-                 or choose another --out"
-                    .to_string(),
-            ),
+            None => Some(format!(
+                "holds output files (changes/{}) of no job this version of backfill knows, \
+                 which this run would delete: use --fresh to discard them, or choose another \
+                 --out",
+                output::part_file_name(0, options.shard).replace("00000000000000000000", "*")
+            )),
         };
         if let Some(message) = message {
             return Err(Error::StateConflict {
@@ -625,6 +678,10 @@ struct JobIdentity {
     vnodes: usize,
     snapshot_files: Vec<InputFile>,
     change_files: Vec<InputFile>,
+    /// The shard the state holds (`I/N`); `None` (and absent in a state of an older version):
+    /// every vnode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shard: Option<String>,
 }
 
 /// What identifies an input file's content, cheaply: its name, size and modification time,
@@ -691,7 +748,7 @@ impl InputFile {
 }
 
 impl JobIdentity {
-    fn of(dataset: &Dataset, desc: &TableDesc) -> Result<Self> {
+    fn of(dataset: &Dataset, desc: &TableDesc, shard: Option<Shard>) -> Result<Self> {
         let files = |paths: &[PathBuf]| -> Result<Vec<InputFile>> {
             paths.iter().map(|p| InputFile::of(p)).collect()
         };
@@ -712,6 +769,7 @@ impl JobIdentity {
             vnodes: desc.vnode_count().get(),
             snapshot_files: files(dataset.snapshot_files())?,
             change_files: files(dataset.change_files())?,
+            shard: shard.map(|s| s.to_string()),
         })
     }
 
@@ -740,6 +798,11 @@ impl JobIdentity {
             self.vnodes.to_string(),
             other.vnodes.to_string(),
         );
+        let shard = |s: &Option<String>| match s {
+            Some(s) => format!("shard {s}"),
+            None => "every vnode (no shard)".to_string(),
+        };
+        check("shard", shard(&self.shard), shard(&other.shard));
         for (what, mine, theirs) in [
             (
                 "snapshot files",
@@ -793,7 +856,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         options: &'a ReplayOptions,
         desc: TableDesc,
     ) -> Result<Self> {
-        let identity = JobIdentity::of(dataset, &desc)?;
+        let identity = JobIdentity::of(dataset, &desc, options.shard)?;
         Ok(Self {
             store,
             dataset,
@@ -822,6 +885,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         desc: TableDesc,
         dataset: Dataset,
         feed: Option<SnapshotFeed>,
+        filter: Option<ShardFilter>,
         stop: Arc<AtomicBool>,
         step: LoadSteps,
     ) -> Result<SealedLoad<S>> {
@@ -837,22 +901,33 @@ impl<'a, S: StateStore> Job<'a, S> {
             Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
             None => {
                 let rows = usize::try_from(step.rows).unwrap_or(usize::MAX);
-                let batches = dataset.read_snapshot_from(LOAD_BATCH_ROWS.min(rows), skip);
-                skip = 0;
+                // The reader skips the dataset rows a resumed load holds; a shard's load
+                // holds its own rows only, counted after its filter below.
+                let from = if filter.is_some() { 0 } else { skip };
+                let batches = dataset.read_snapshot_from(LOAD_BATCH_ROWS.min(rows), from);
+                skip -= from;
                 Box::new(Prefetch::new("backfill-load", READ_AHEAD, batches)?)
             }
         };
         let mut validated = false;
+        // A shard loads only its vnodes' rows.
+        let batches = batches.map(|batch| match &filter {
+            Some(filter) => batch.and_then(|b| filter.batch(b)),
+            None => batch,
+        });
         for batch in batches {
             if stop.load(Ordering::Relaxed) {
                 return Err(internal!("the snapshot load was stopped"));
             }
             let mut batch = batch?;
-            // Rows a resumed load holds already (when they come from a feed).
+            // Rows a resumed load holds already (when they come from a feed, or for a shard).
             if skip > 0 {
                 let n = (batch.num_rows() as u64).min(skip);
                 batch = batch.slice(n as usize, batch.num_rows() - n as usize);
                 skip -= n;
+            }
+            if batch.num_rows() == 0 {
+                continue;
             }
             loader.write(batch)?;
             if loader.rows() - loader.committed().rows >= step.rows {
@@ -1001,7 +1076,18 @@ impl<'a, S: StateStore> Job<'a, S> {
             },
             finished,
         };
-        record.write(self.options.io.as_ref(), &self.options.out)
+        record.write(
+            self.options.io.as_ref(),
+            &self.options.out,
+            self.options.shard,
+        )
+    }
+
+    /// The filter of the replay's shard (`None`: every vnode).
+    fn shard_filter(&self) -> Result<Option<ShardFilter>> {
+        (self.options.shard)
+            .map(|shard| ShardFilter::new(shard, self.desc.clone()))
+            .transpose()
     }
 
     /// The end of a job that finished before this run, from its output's job record (its
@@ -1014,13 +1100,19 @@ impl<'a, S: StateStore> Job<'a, S> {
         let finish = match record.finished.clone() {
             Some(finish) => finish,
             None => {
-                let c = crate::job::certificate::certify_locked_output(
+                let c = crate::job::certificate::certify_locked_part(
                     self.dataset,
                     &self.options.out,
+                    self.options.shard,
+                    self.options.vnodes,
                 )?;
                 let finish = FinishRecord::of(&c);
                 record.finished = Some(finish.clone());
-                record.write(self.options.io.as_ref(), &self.options.out)?;
+                record.write(
+                    self.options.io.as_ref(),
+                    &self.options.out,
+                    self.options.shard,
+                )?;
                 finish
             }
         };
@@ -1076,7 +1168,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             Some(_) => None,
             None => self.load_to_resume()?,
         };
-        let out_record = JobRecord::read(io.as_ref(), &self.options.out)?;
+        let out_record = JobRecord::read(io.as_ref(), &self.options.out, self.options.shard)?;
         match record {
             None if resumed_load.is_some() => {
                 // A load a killed run began: its dataset was validated (or the validation
@@ -1098,6 +1190,7 @@ impl<'a, S: StateStore> Job<'a, S> {
                 output::check_committed_files(
                     io.as_ref(),
                     &self.options.out,
+                    self.options.shard,
                     &self.state_dir(),
                     epoch,
                     &recorded,
@@ -1130,6 +1223,10 @@ impl<'a, S: StateStore> Job<'a, S> {
             last_epoch: self.last_epoch,
             finish_record: None,
             uploaded_files: None,
+            shard: match self.options.shard {
+                Some(shard) => Some((shard, shard.range(self.options.vnodes)?)),
+                None => None,
+            },
             final_checkpoint: None,
             actors: Vec::new(),
             rescales: 0,
@@ -1146,11 +1243,12 @@ impl<'a, S: StateStore> Job<'a, S> {
             Some(_) => BackfillJob::resume_point_in(store, JOB_NAME, &name)?.checkpoint,
             None => None,
         };
-        let mut sink = ParquetSink::open(
+        let mut sink = ParquetSink::open_part(
             self.options.io.clone(),
             &self.options.out,
             self.desc.schema(),
             checkpoint,
+            self.options.shard,
         )?
         .with_key_statistics(&key)?;
         if record.is_none() {
@@ -1196,7 +1294,8 @@ impl<'a, S: StateStore> Job<'a, S> {
                         .take_snapshot_feed()
                         .filter(|_| steps.resume.is_none());
                     let stop = stop.clone();
-                    move || Self::load(store, desc, dataset, feed, stop, steps)
+                    let filter = self.shard_filter()?;
+                    move || Self::load(store, desc, dataset, feed, filter, stop, steps)
                 });
                 let loaded = self
                     .until_interrupted(&mut interrupted, &stop, loading)
@@ -1240,7 +1339,11 @@ impl<'a, S: StateStore> Job<'a, S> {
         // The backfill: the library's job over the upstream table, fed the changelog after
         // the rows the table holds, into the Parquet sink. The dataset was validated whole, so
         // the job's own checks of each change are off (it would look up every changed key).
-        let actors = self.options.parallelism.min(self.desc.vnode_count().get());
+        let actors = actors_for(
+            self.options.parallelism,
+            self.options.shard,
+            self.desc.vnode_count().get(),
+        );
         let options = JobOptions {
             parallelism: actors,
             order: self.options.order,
@@ -1249,7 +1352,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             checkpoint_every: self.options.checkpoint_every,
             barrier_interval: self.options.barrier_interval,
             check_changes: false,
-            estimate: Some(self.snapshot_rows),
+            // A shard's rows are counted from its store (the dataset's count is every vnode's).
+            estimate: (self.options.shard.is_none()).then_some(self.snapshot_rows),
             ..JobOptions::default()
         };
         let (changes_tx, changes_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -1274,6 +1378,9 @@ impl<'a, S: StateStore> Job<'a, S> {
             skip: applied,
             control: control.clone(),
             rescales: rescales.into(),
+            filter: self.shard_filter()?,
+            shard: self.options.shard,
+            vnodes: self.desc.vnode_count().get(),
         };
         let source_task = tokio::spawn(source.run(applied_tx));
         // Abort the source if this future is dropped or stops early.
@@ -1349,13 +1456,18 @@ impl<'a, S: StateStore> Job<'a, S> {
             .ok_or_else(|| internal!("a certificate before the dataset's validation finished"))?;
         let downstream = match sink.published_digest() {
             Some(digest) => digest.clone(),
-            None => TableDigest::of_output(&self.options.out, &self.desc)?,
+            None => TableDigest::of_part(&self.options.out, &self.desc, self.options.shard)?,
         };
+        // A shard's table is its vnodes' rows.
+        let mut upstream = upstream.clone();
+        if let Some(shard) = self.options.shard {
+            upstream.retain(shard.range(self.desc.vnode_count())?);
+        }
         Ok(Certificate::compare(
             &self.desc,
             self.last_epoch,
             &downstream,
-            upstream,
+            &upstream,
         ))
     }
 
@@ -1408,6 +1520,12 @@ struct ChangeSource {
     control: JobControl,
     /// Rescales not yet requested, by dataset epoch.
     rescales: VecDeque<RescalePoint>,
+    /// A shard's filter: only its vnodes' changes reach the job.
+    filter: Option<ShardFilter>,
+    /// The shard (its rescales are to as many actors per shard's range, see [`actors_for`]).
+    shard: Option<Shard>,
+    /// The table's vnode count.
+    vnodes: usize,
 }
 
 impl ChangeSource {
@@ -1432,6 +1550,11 @@ impl ChangeSource {
         let changes = self.dataset.read_changes(self.batch_size)?;
         for item in Prefetch::new("backfill-changes", READ_AHEAD, changes)? {
             let mut item = item?;
+            // A shard applies only its vnodes' changes: the rows the job counts (and the
+            // rows to skip on a resume) are those.
+            if let Some(filter) = &self.filter {
+                item.chunk = filter.chunk(item.chunk)?;
+            }
             if skip > 0 {
                 let n = item.chunk.num_rows() as u64;
                 if skip >= n {
@@ -1458,6 +1581,9 @@ impl ChangeSource {
                 }
             }
             let n = item.chunk.num_rows() as u64;
+            if n == 0 {
+                continue;
+            }
             self.send(Change::Chunk(item.chunk)).await?;
             rows += n;
             paced += n;
@@ -1489,7 +1615,8 @@ impl ChangeSource {
                 break;
             }
             self.rescales.pop_front();
-            self.control.rescale(point.actors)?;
+            self.control
+                .rescale(actors_for(point.actors, self.shard, self.vnodes))?;
         }
         Ok(())
     }

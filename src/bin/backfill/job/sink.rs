@@ -17,7 +17,8 @@
 //! published files are exactly the output of the committed checkpoints.
 //!
 //! Cleanup touches only the names this sink writes (`epoch-<20 digits>.parquet` and
-//! `.parquet.tmp`), checks first that it can remove all of them, and removes the newest
+//! `.parquet.tmp`; a shard's sink, `ParquetSink::open_part`, only its own
+//! `epoch-<20 digits>.shard-I-of-N.parquet` and `.tmp`), checks first that it can remove all of them, and removes the newest
 //! first: a crash during it leaves a prefix of the old output, never a set with gaps.
 //! Checkpoints without changes write no file. All file operations go through the store's
 //! [`StorageIo`] seam, so fault-injection tests reach them too.
@@ -62,7 +63,8 @@ use crate::error::{Error, Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::job::column_writer::ColumnParallelWriter;
 use crate::job::encoding::EncodingChoice;
-use crate::job::output::{file_name, parse_name, tmp_name};
+use crate::job::output::{OutputName, parse_output_name, part_file_name, part_tmp_name};
+use crate::job::shard::Shard;
 use crate::job::{ExactlyOnceSink, PreparedCheckpoint, Recovery as JobRecovery};
 
 /// The engine's `Result`, which the library's sink interface returns.
@@ -272,6 +274,8 @@ impl std::fmt::Debug for Finished {
 struct Target {
     io: Arc<dyn StorageIo>,
     dir: PathBuf,
+    /// The shard whose names it writes (`None`: an unsharded replay).
+    shard: Option<Shard>,
 }
 
 /// The encoder thread: chunks in, one Parquet file out per `Finish`.
@@ -283,11 +287,16 @@ struct Encoder {
 }
 
 impl Encoder {
-    fn start(schema: SchemaRef, io: Arc<dyn StorageIo>, dir: PathBuf) -> Result<Self> {
+    fn start(
+        schema: SchemaRef,
+        io: Arc<dyn StorageIo>,
+        dir: PathBuf,
+        shard: Option<Shard>,
+    ) -> Result<Self> {
         let (tx, rx) = channel::<Job>();
         let backlog = Arc::new(Backlog::default());
         let queue = Arc::clone(&backlog);
-        let target = Target { io, dir };
+        let target = Target { io, dir, shard };
         let thread = std::thread::Builder::new()
             .name("backfill-sink".into())
             .spawn(move || {
@@ -476,7 +485,7 @@ impl OpenFile {
         epoch: u64,
         props: WriterProperties,
     ) -> Result<Self> {
-        let path = target.dir.join(tmp_name(epoch));
+        let path = target.dir.join(part_tmp_name(epoch, target.shard));
         let file = Checksummed::new(target.io.create(&path)?);
         match ColumnParallelWriter::try_new(file, Arc::clone(schema), props) {
             Ok(writer) => Ok(Self {
@@ -551,6 +560,8 @@ impl WriteFile for Checksummed {
 pub struct ParquetSink {
     io: Arc<dyn StorageIo>,
     dir: PathBuf,
+    /// The part of the output it writes (`None`: the whole).
+    shard: Option<Shard>,
     encoder: Encoder,
     /// Whether chunks went to the encoder since the last `prepare`.
     pending: bool,
@@ -573,11 +584,24 @@ impl ParquetSink {
     /// `committed` (`None`: a new job, so an earlier run's output there is removed). See the
     /// module docs for what recovery does; it fails before touching anything when a file it
     /// would remove is not a regular file.
+    #[cfg(test)]
     pub fn open(
         io: Arc<dyn StorageIo>,
         out: &Path,
         table_schema: &SchemaRef,
         committed: Option<u64>,
+    ) -> Result<Self> {
+        Self::open_part(io, out, table_schema, committed, None)
+    }
+
+    /// [`ParquetSink::open`] for the part `shard` of an output (`None`: the whole): it
+    /// writes, recovers and removes only that part's names (`shard.rs`).
+    pub fn open_part(
+        io: Arc<dyn StorageIo>,
+        out: &Path,
+        table_schema: &SchemaRef,
+        committed: Option<u64>,
+        shard: Option<Shard>,
     ) -> Result<Self> {
         let dir = out.join("changes");
         io.create_dir_all(&dir)?;
@@ -585,7 +609,9 @@ impl ParquetSink {
         let mut remove = Vec::new();
         let mut kept = 0;
         for name in io.list(&dir)? {
-            let Some((epoch, tmp)) = parse_name(&name) else {
+            let Some(OutputName { epoch, tmp, .. }) =
+                parse_output_name(&name).filter(|n| n.shard == shard)
+            else {
                 continue;
             };
             let path = dir.join(&name);
@@ -608,7 +634,7 @@ impl ParquetSink {
         }
         roll.sort();
         for (epoch, tmp) in &roll {
-            let path = dir.join(file_name(*epoch));
+            let path = dir.join(part_file_name(*epoch, shard));
             if io.exists(&path)? {
                 // Published already (a crash after rename); the tmp is a leftover copy.
                 io.remove(tmp)?;
@@ -629,9 +655,11 @@ impl ParquetSink {
                 changelog_schema(table_schema, true),
                 Arc::clone(&io),
                 dir.clone(),
+                shard,
             )?,
             io,
             dir,
+            shard,
             pending: false,
             rows_published: Arc::default(),
             files_published: 0,
@@ -701,8 +729,8 @@ impl ParquetSink {
             return Ok(None);
         }
         self.pending = false;
-        let path = self.dir.join(file_name(epoch));
-        let tmp = self.dir.join(tmp_name(epoch));
+        let path = self.dir.join(part_file_name(epoch, self.shard));
+        let tmp = self.dir.join(part_tmp_name(epoch, self.shard));
         let (reply, answer) = sync_channel(1);
         self.encoder.send(Job::Finish(epoch, reply))?;
         Ok(Some(Preparing {
@@ -820,6 +848,7 @@ impl PreparedCheckpoint for CheckpointFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::output::{file_name, parse_name, tmp_name};
 
     /// The encoder's queue holds at most `QUEUE_ROWS` rows (one chunk of any size when it
     /// is empty), waits for the encoder to take rows off, and lets nobody wait for an

@@ -45,4 +45,4 @@ pub use scratch::remove_all_scratch;
 pub(crate) use validate::{Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
 #[cfg(test)]
 pub use verify::verify;
-pub use verify::verify_with;
+pub use verify::{VerifyReport, verify_with};

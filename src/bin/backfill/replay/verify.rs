@@ -1,11 +1,13 @@
 //! Verifying a replay's output against its dataset: the oracle of a replay.
 //!
 //! The output directory holds `changes/epoch-<20 digits>.parquet` files (`_epoch`, `_op`, the
-//! table's columns; exactly the names [`output_files`] lists, the replay's own rule, so
+//! table's columns; exactly the names [`output_parts`] lists, the replay's own rule, so
 //! `epoch-my-notes.parquet` is not read). [`verify`] applies them, in epoch order, strictly to an empty table
 //! (exact row values: an all-column arrow-row encoding), so a duplicate insert, a delete of an
 //! absent row or of a row with other values, or a lone update half fails with an
-//! [`Error::Dataset`] naming the output file, row and epoch. It then computes the expected
+//! [`Error::Dataset`] naming the output file, row and epoch. A sharded output
+//! (`epoch-E.shard-I-of-N.parquet`) is read shard by shard (each shard's files are one
+//! changelog; the shards' keys are apart), after checking that all N shards are there. It then computes the expected
 //! final table (snapshot + every change, applied just as strictly) and compares the two; a
 //! difference names the first differing key in primary-key order and counts the others.
 //!
@@ -30,15 +32,15 @@ use super::changelog::ChangelogReader;
 use super::dataset::{CHANGES_DIR, Dataset};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use crate::error::{Error, Result};
-use crate::job::output::lock_output_to_read;
-use crate::job::output_files;
+use crate::job::output::{Parts, lock_output_to_read, output_parts};
+use crate::job::shard::Shard;
 use crate::vnode::VnodeCount;
 
 /// Rows per batch read during verification.
 const BATCH_SIZE: usize = 8192;
 
 /// What a successful [`verify`] saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Output changelog files read.
     pub output_files: usize,
@@ -46,6 +48,8 @@ pub struct VerifyReport {
     pub output_rows: u64,
     /// Rows of the final table (equal in the output and the expectation).
     pub final_rows: u64,
+    /// The shards of a sharded output (all N of them); `None`: an unsharded output.
+    pub shards: Option<Vec<Shard>>,
 }
 
 /// Checks that the output in `out_dir` is a consistent changelog whose result equals the
@@ -70,11 +74,21 @@ pub fn verify_with(
 ) -> Result<VerifyReport> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
     let _lock = lock_output_to_read(out_dir)?;
-    let files: Vec<PathBuf> = output_files(out_dir)?
-        .into_iter()
-        .map(|(_, path)| path)
-        .collect();
-    let output_files = files.len();
+    let shards = check_shards(out_dir)?;
+    // Each part's files are one changelog (its epochs never decrease); the parts' keys are
+    // apart (a key's vnode is in one shard), so they are read one after the other.
+    let mut parts: Vec<Vec<PathBuf>> = Vec::new();
+    let mut last = None;
+    for file in output_parts(out_dir)? {
+        if parts.is_empty() || last != Some(file.shard) {
+            parts.push(Vec::new());
+            last = Some(file.shard);
+        }
+        if let Some(part) = parts.last_mut() {
+            part.push(file.path);
+        }
+    }
+    let output_files = parts.iter().map(Vec::len).sum();
     let scratch = options.scratch()?;
     let config = SortConfig::for_budget(options.memory_budget / 2);
     let side = |name| {
@@ -91,11 +105,17 @@ pub fn verify_with(
 
     let mut output = side("output")?;
     let mut output_rows = 0u64;
-    let output_error = read_changelog(
-        ChangelogReader::new(files, dataset.schema().clone(), BATCH_SIZE),
-        &mut output,
-        &mut output_rows,
-    )?;
+    let mut output_error = None;
+    for files in parts {
+        output_error = read_changelog(
+            ChangelogReader::new(files, dataset.schema().clone(), BATCH_SIZE),
+            &mut output,
+            &mut output_rows,
+        )?;
+        if output_error.is_some() {
+            break;
+        }
+    }
     let mut expected = side("expected")?;
     let expected_error = match output_error {
         // Like a check that stops at the output's first error, never read the dataset then.
@@ -134,7 +154,49 @@ pub fn verify_with(
         output_files,
         output_rows,
         final_rows: diff.found_rows,
+        shards,
     })
+}
+
+/// The shards of the output in `out_dir` (`None`: unsharded): one layout, and all N shards
+/// present (their files, or for a shard with no row, its job record or claim); an error
+/// names the missing shards.
+fn check_shards(out_dir: &Path) -> Result<Option<Vec<Shard>>> {
+    let parts = Parts::of(out_dir)?;
+    if parts.shards.is_empty() {
+        return Ok(None);
+    }
+    let changes = out_dir.join(CHANGES_DIR);
+    let counts: std::collections::BTreeSet<u32> = parts.shards.iter().map(|s| s.count()).collect();
+    if parts.whole || counts.len() > 1 {
+        return Err(Error::dataset(
+            changes,
+            "",
+            format!(
+                "mixes {} output: an output is unsharded or the shards of one N",
+                parts.layouts().join(" and ")
+            ),
+        ));
+    }
+    let count = counts.first().copied().unwrap_or(1);
+    let missing: Vec<String> = (0..count)
+        .filter_map(|i| Shard::new(i, count).ok())
+        .filter(|s| !parts.shards.contains(s))
+        .map(|s| s.to_string())
+        .collect();
+    if !missing.is_empty() {
+        let seen: Vec<String> = parts.shards.iter().map(|s| s.to_string()).collect();
+        return Err(Error::dataset(
+            changes,
+            "",
+            format!(
+                "is sharded {count} ways, but shard {} is missing (seen: {}): run                  `backfill replay ... --shard I/{count}` for each missing shard into this output",
+                missing.join(", shard "),
+                seen.join(", ")
+            ),
+        ));
+    }
+    Ok(Some(parts.shards.into_iter().collect()))
 }
 
 /// Reads checked changelog rows into `rows`, counting them. `Ok(Some(e))`: the data is bad
@@ -297,6 +359,7 @@ mod tests {
                 output_files: 3,
                 output_rows: 9,
                 final_rows: 3,
+                shards: None,
             }
         );
         // A different but equivalent changelog is fine too.
@@ -549,10 +612,11 @@ mod tests {
         use std::path::Path;
 
         use crate::error::{Error, Result};
+        use crate::job::output::output_files;
         use crate::replay::changelog::{ChangelogReader, ChangelogRows};
         use crate::replay::dataset::{CHANGES_DIR, Dataset};
         use crate::replay::model::KeyedTable;
-        use crate::replay::verify::{BATCH_SIZE, VerifyReport, output_files};
+        use crate::replay::verify::{BATCH_SIZE, VerifyReport};
         use crate::vnode::VnodeCount;
 
         pub(super) fn verify(dataset: &Dataset, out_dir: &Path) -> Result<VerifyReport> {
@@ -585,6 +649,7 @@ mod tests {
                 output_files,
                 output_rows,
                 final_rows: output.len() as u64,
+                shards: None,
             })
         }
 
