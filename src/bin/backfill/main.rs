@@ -119,7 +119,7 @@ enum Command {
     /// dataset and the output with no coordination, and `verify` checks the N shards'
     /// output together. `--shard auto` takes I and N from a batch scheduler (Kubernetes
     /// indexed Job, Slurm array, AWS Batch array job).
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Check a replay's output: OUT/changes applied in order must equal snapshot + changes.
     Verify {
         /// The dataset directory.
@@ -361,7 +361,7 @@ fn name_rayon_threads() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Replay(args) => replay(args),
+        Command::Replay(args) => replay(*args),
         Command::Verify { dataset, out, tmp } => {
             // Kept until the command ends: a signal meanwhile removes the sort's scratch.
             let runtime = tokio::runtime::Builder::new_multi_thread()
