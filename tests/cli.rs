@@ -701,12 +701,13 @@ fn tmp_points_the_scratch_elsewhere() {
     let nowhere = tmp.path().join("a-file");
     std::fs::write(&nowhere, b"").unwrap();
     let bad = nowhere.join("scratch");
-    // The validation of a replay that resumes (a finished one: validated first).
+    // The validation of a new replay (a finished one's state keeps its validation: a rerun
+    // sorts nothing).
     let o = backfill(&[
         "replay",
         path(&dataset),
         "--out",
-        path(&out),
+        path(&tmp.path().join("another-out")),
         "--progress",
         "none",
         "--tmp",
