@@ -358,7 +358,7 @@ impl StateTable for DurableTable {
     /// Writes what is pending to a run file (beside the pieces already spilled) and commits
     /// them with one log record that appends each vnode's runs to its base when they follow
     /// it in key order (no tombstone, no delta on the vnode, the chain no longer than the
-    /// rule of [`VnodeLayer::ordered`] allows), as deltas otherwise (compacted later, as an
+    /// rule of `VnodeLayer::ordered` allows), as deltas otherwise (compacted later, as an
     /// unordered load's are). The committed epoch is unchanged.
     fn commit_load_step(&mut self) -> Result<()> {
         if self.replicated {
