@@ -178,6 +178,16 @@ fn an_output_in_a_bucket_verifies_and_has_one_writer() {
     );
     let v = backfill(&server, &["verify", path(bundled()), url]);
     assert!(v.status.success(), "{}", text(&v));
+    // An object of a committed file's name and size but other bytes (an earlier output's):
+    // the next run of the writer puts the committed bytes back, so exit 0 stays exactly once.
+    let names = list(&out, "lineitem/changes");
+    replace_with_same_size_garbage(&out, &names[names.len() / 2]);
+    let bad = backfill(&server, &["verify", path(bundled()), url]);
+    assert!(!bad.status.success(), "{}", text(&bad));
+    let o = replay_to_bucket(&server, path(bundled()), url, &cache, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = backfill(&server, &["verify", path(bundled()), url]);
+    assert!(v.status.success(), "{}", text(&v));
     // The bucket holds the epoch files and the claim, nothing else.
     let names = list(&out, "lineitem");
     assert!(
@@ -316,4 +326,23 @@ fn a_replay_killed_while_it_uploads_resumes_from_its_cache_and_readers_see_whole
     );
     let v = backfill(&server, &["verify", path(bundled()), url]);
     assert!(v.status.success(), "{}", text(&v));
+}
+
+/// Overwrites the object `name` with as many bytes, of which the middle ones differ.
+fn replace_with_same_size_garbage(store: &object_store::aws::AmazonS3, name: &str) {
+    use object_store::ObjectStoreExt;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let key = object_store::path::Path::from(name);
+    let mut bytes = runtime
+        .block_on(async { store.get(&key).await?.bytes().await })
+        .unwrap()
+        .to_vec();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle - 8..middle + 8] {
+        *b ^= 0xff;
+    }
+    runtime.block_on(store.put(&key, bytes.into())).unwrap();
 }

@@ -29,11 +29,13 @@
 //! its sync lists, uploads and deletes only its own names (`epoch-E.shard-I-of-N.parquet`),
 //! so the N shards of an output never touch each other's objects.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use std::time::SystemTime;
 
 use crate::error::{Error, Result};
 use crate::job::output::{CHANGES_DIR, parse_output_name, part_files};
@@ -53,6 +55,10 @@ pub struct RemoteOut {
     url: PathBuf,
     cache: PathBuf,
     shard: Option<Shard>,
+    /// The cache's files (epoch, size, modification time) whose object is known to hold
+    /// their bytes: uploaded by this process, or read back and compared once. An object of
+    /// the same name and size is not enough: an earlier output's file may have both.
+    confirmed: Arc<Mutex<HashSet<(u64, u64, SystemTime)>>>,
 }
 
 /// The claim's object name of the part `shard` of an output.
@@ -73,6 +79,31 @@ pub fn part_of_claim(name: &str) -> Option<Option<Shard>> {
         .strip_prefix("_backfill-writer.")?
         .strip_suffix(".json")?;
     Shard::parse_tag(tag).map(Some)
+}
+
+/// A sync round that did not finish.
+enum SyncError {
+    /// A cache file went away while it was read.
+    Gone,
+    Failed(Error),
+}
+
+impl From<Error> for SyncError {
+    fn from(e: Error) -> Self {
+        SyncError::Failed(e)
+    }
+}
+
+/// `read(path)` of a cache file: its going away is [`SyncError::Gone`].
+fn local_file<T>(
+    path: &Path,
+    read: impl FnOnce(&Path) -> std::io::Result<T>,
+) -> std::result::Result<T, SyncError> {
+    match read(path) {
+        Ok(value) => Ok(value),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SyncError::Gone),
+        Err(e) => Err(SyncError::Failed(crate::store::io::named(path, e).into())),
+    }
 }
 
 /// The default cache of the part `shard` of the output `url`:
@@ -148,6 +179,7 @@ impl RemoteOut {
         Ok(Self {
             url: url.to_path_buf(),
             cache: cache.to_path_buf(),
+            confirmed: Arc::default(),
             shard,
         })
     }
@@ -155,19 +187,30 @@ impl RemoteOut {
     /// Makes `URL/changes` hold exactly the cache's published files (see the module docs);
     /// the files uploaded.
     pub fn sync(&self) -> Result<u64> {
+        match self.sync_once() {
+            Ok(uploaded) => Ok(uploaded),
+            // A cache file went away while it was read: the replay is replacing its output
+            // (`--fresh`, a new job). The next round sees the cache as it is then.
+            Err(SyncError::Gone) => Ok(0),
+            Err(SyncError::Failed(e)) => Err(e),
+        }
+    }
+
+    fn sync_once(&self) -> std::result::Result<u64, SyncError> {
         let local = match part_files(&self.cache, self.shard) {
             Ok(files) => files,
             // No output yet: nothing to upload (and nothing remote is the cache's).
             Err(_) if !self.cache.join(CHANGES_DIR).exists() => Vec::new(),
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         let mut sizes = std::collections::BTreeMap::new();
         for (epoch, path) in &local {
-            let size = std::fs::metadata(path)
-                .map_err(|e| crate::store::io::named(path, e))?
-                .len();
-            sizes.insert(*epoch, (path.clone(), size));
+            let meta = local_file(path, |p| std::fs::metadata(p))?;
+            let modified = local_file(path, |_| meta.modified())?;
+            sizes.insert(*epoch, (path.clone(), meta.len(), modified));
         }
+        let mut confirmed = (self.confirmed.lock())
+            .map_err(|_| Error::config("the upload's record is poisoned".into()))?;
         let remote_dir = self.url.join(CHANGES_DIR);
         let mut remote = std::collections::BTreeMap::new();
         for entry in storage::list(&remote_dir)?.unwrap_or_default() {
@@ -179,30 +222,53 @@ impl RemoteOut {
                 remote.insert(name.epoch, entry);
             }
         }
-        // Objects the cache does not hold as they are: an earlier output's. Newest first.
+        // Objects the cache does not hold as they are: an earlier output's. Newest first. An
+        // object of the cache file's name and size is read back once and compared.
+        let mut stale = Vec::new();
         for (epoch, entry) in remote.iter().rev() {
-            if sizes.get(epoch).map(|(_, size)| *size) != Some(entry.size) {
+            let same = match sizes.get(epoch) {
+                Some((path, size, modified)) if *size == entry.size => {
+                    let key = (*epoch, *size, *modified);
+                    confirmed.contains(&key) || {
+                        let local = local_file(path, |p| std::fs::read(p))?;
+                        let held = storage::read(&entry.path)?;
+                        let same = held.is_some_and(|held| held.as_ref() == local.as_slice());
+                        if same {
+                            confirmed.insert(key);
+                        }
+                        same
+                    }
+                }
+                _ => false,
+            };
+            if !same {
                 storage::delete(&entry.path)?;
+                stale.push(*epoch);
             }
         }
         let mut uploaded = 0;
-        for (epoch, (path, size)) in &sizes {
-            if remote.get(epoch).is_some_and(|e| e.size == *size) {
+        for (epoch, (path, size, modified)) in &sizes {
+            if remote.contains_key(epoch) && !stale.contains(epoch) {
                 continue;
             }
             let name = path.file_name().map(|n| n.to_owned()).unwrap_or_default();
             let target = remote_dir.join(name);
-            let bytes = std::fs::read(path).map_err(|e| crate::store::io::named(path, e))?;
+            let bytes = match local_file(path, |p| std::fs::read(p)) {
+                Ok(bytes) => bytes,
+                Err(SyncError::Gone) => return Ok(uploaded),
+                Err(e) => return Err(e),
+            };
             if storage::put_if_absent(&target, bytes.into())? == Put::Exists
                 && storage::size(&target)? != Some(*size)
             {
-                return Err(Error::dataset(
+                return Err(SyncError::Failed(Error::dataset(
                     &target,
                     "",
                     "another writer's object is in the output (its size differs from this \
                      checkpoint's file): two writers never share an output",
-                ));
+                )));
             }
+            confirmed.insert((*epoch, *size, *modified));
             uploaded += 1;
         }
         Ok(uploaded)
