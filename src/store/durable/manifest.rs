@@ -221,6 +221,11 @@ impl Manifest {
             return Ok(None);
         }
         let bytes = io.read(&path)?;
+        Self::decode(&bytes, &path).map(Some)
+    }
+
+    /// A manifest from its file's bytes; `path` names it in errors.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let bad = |message: &str| Error::CorruptState {
             context: path.display().to_string(),
             message: message.to_string(),
@@ -254,7 +259,7 @@ impl Manifest {
                 manifest.format
             )));
         }
-        Ok(Some(manifest))
+        Ok(manifest)
     }
 
     /// Whether this manifest's log must be on disk: from format 4 on, its header was durable
@@ -267,8 +272,8 @@ impl Manifest {
         }
     }
 
-    /// Atomically replaces `dir/MANIFEST` with this manifest; returns its size in bytes.
-    pub fn store(&self, io: &dyn StorageIo, dir: &Path) -> Result<u64> {
+    /// The manifest file's bytes: magic, checksum, length, body.
+    pub fn encode(&self) -> Result<Vec<u8>> {
         let body = serde_json::to_vec(self)
             .map_err(|e| Error::Internal(format!("manifest encoding: {e}")))?;
         let mut bytes = Vec::with_capacity(body.len() + 20);
@@ -276,6 +281,12 @@ impl Manifest {
         bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
         bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
         bytes.extend_from_slice(&body);
+        Ok(bytes)
+    }
+
+    /// Atomically replaces `dir/MANIFEST` with this manifest; returns its size in bytes.
+    pub fn store(&self, io: &dyn StorageIo, dir: &Path) -> Result<u64> {
+        let bytes = self.encode()?;
         let tmp = dir.join(MANIFEST_TMP);
         let mut file = io.create(&tmp)?;
         file.write_all(&bytes)?;

@@ -54,6 +54,7 @@
 //! | `version.rs` | the state in memory: per vnode the committed runs, the live files, the sealed layers |
 //! | `table.rs` | handles: writes, spills, seals, reads ([`DurableTable`], [`DurableScan`]) |
 //! | `compaction.rs` | the compactor: which vnodes are due, their merge, its install |
+//! | `image.rs` | a committed state pinned for copying ([`StoreImage`]), and its [`restore`] |
 //! | `load_step.rs` | a bulk load's step: rows committed into the base without an epoch |
 //! | `file/` | run files: writer, reader, block index |
 //! | `stored.rs` | how run files store each column type |
@@ -64,6 +65,7 @@
 mod cache;
 mod compaction;
 mod file;
+mod image;
 mod load_step;
 mod lock;
 mod log;
@@ -77,6 +79,9 @@ mod version;
 #[cfg(test)]
 mod tests;
 
+pub use self::image::{
+    ImageFile, ImageSource, RESTORING_FILE, StoreImage, manifest_files, restore,
+};
 pub use self::lock::{DirLock, LOCK_FILE};
 pub use self::open::{committed_meta, destroy};
 pub use self::table::{DurableScan, DurableTable};

@@ -108,6 +108,14 @@ impl DurableStore {
         let lock = DirLock::acquire(&dir)?;
         let block_cache = cache::BlockCache::new(options.block_cache);
         let names = io.list(&dir)?;
+        if names.iter().any(|n| n == super::RESTORING_FILE) {
+            return Err(Error::CorruptState {
+                context: dir.join(super::RESTORING_FILE).display().to_string(),
+                message: "a restore into this directory did not finish: restore it again \
+                          (it starts over), or remove the directory"
+                    .into(),
+            });
+        }
         let loaded = Manifest::load(io.as_ref(), &dir)?;
         if loaded.is_none()
             && let Some(name) = names.iter().find(|n| manifest::run_file_id(n).is_some())
