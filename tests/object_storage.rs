@@ -188,7 +188,8 @@ fn an_output_in_a_bucket_verifies_and_has_one_writer() {
     assert!(o.status.success(), "{}", text(&o));
     let v = backfill(&server, &["verify", path(bundled()), url]);
     assert!(v.status.success(), "{}", text(&v));
-    // The bucket holds the epoch files and the claim, nothing else.
+    // The bucket holds the epoch files, the claim and the checkpoints (the last two, their
+    // manifests and the run files they name; no staged output left), nothing else.
     let names = list(&out, "lineitem");
     assert!(
         names.iter().any(|n| n == "lineitem/_backfill-writer.json"),
@@ -196,9 +197,14 @@ fn an_output_in_a_bucket_verifies_and_has_one_writer() {
     );
     assert!(
         names.iter().all(|n| n == "lineitem/_backfill-writer.json"
-            || (n.starts_with("lineitem/changes/epoch-") && n.ends_with(".parquet"))),
+            || (n.starts_with("lineitem/changes/epoch-") && n.ends_with(".parquet"))
+            || n.starts_with("lineitem/_backfill-state/checkpoint-")
+            || n.starts_with("lineitem/_backfill-state/manifest-")
+            || n.starts_with("lineitem/_backfill-state/files/run-")),
         "{names:?}"
     );
+    let checkpoints = names.iter().filter(|n| n.contains("/checkpoint-")).count();
+    assert!((1..=2).contains(&checkpoints), "{names:?}");
     // A second writer (another cache) is refused before it writes anything.
     let o = replay_to_bucket(&server, path(bundled()), url, &other, &["--fresh"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -149,6 +149,12 @@ struct ReplayArgs {
     /// their way, needed to resume [default: out/cache/<the URL as a name>].
     #[arg(long, value_name = "DIR")]
     cache: Option<PathBuf>,
+    /// For an output on object storage: where its checkpoints go (an object storage URL)
+    /// [default: OUT/_backfill-state]. Each committed checkpoint's state files are uploaded
+    /// beside the output, so the same command on another machine, with an empty --cache,
+    /// restores the latest checkpoint and resumes from it.
+    #[arg(long, value_name = "URL")]
+    checkpoint_url: Option<PathBuf>,
     /// State directory of the durable store [default: OUT/state]. Running the same command
     /// again after any stop resumes from the last committed checkpoint.
     #[arg(long, conflicts_with = "memory")]
@@ -292,6 +298,16 @@ enum ShapeArg {
     Int64,
     /// (Utf8, Int32 descending) key distributed by the Utf8 column.
     Composite,
+}
+
+/// The `q` quantile (0 to 1, nearest rank) of `values`; 0 when there are none.
+fn percentile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n as f64 * q).ceil() as usize).clamp(1, n) - 1],
+    }
 }
 
 /// `--vnodes`: `1..=32768`.
@@ -484,6 +500,8 @@ fn replay(args: ReplayArgs) -> Result<()> {
         rescales: args.rescale.clone(),
         scratch: scratch_dir(args.tmp.as_deref()),
         cache: args.cache.clone(),
+        checkpoint_url: (args.checkpoint_url.as_ref())
+            .map(|url| crate::replay::storage::local_or_url(&url.to_string_lossy())),
         load_step_rows: args.load_step_rows,
         ..options
     };
@@ -692,11 +710,32 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.output_files,
         s.out.join("changes").display()
     );
+    if let Some(r) = &s.restored {
+        say!(
+            "  restored          checkpoint {} (epoch {}) from object storage: {} files, {:.1} MB \
+             in {:.2} s",
+            r.seq,
+            r.committed_epoch.map_or("none".into(), |e| e.to_string()),
+            r.files,
+            r.bytes as f64 / 1e6,
+            r.seconds
+        );
+    }
     if let Some(uploaded) = s.uploaded_files {
         say!(
-            "  uploaded          {:>12}  files to {} (this run; each committed file once)",
+            "  published         {:>12}  files to {} (this run; each committed file once)",
             uploaded,
             s.out.display()
+        );
+    }
+    if let Some(u) = &s.uploads {
+        say!(
+            "  checkpoints       {:>12}  uploaded ({:.1} MB; upload to commit p50 {:.0} ms, \
+             max {:.0} ms)",
+            u.checkpoints,
+            u.bytes as f64 / 1e6,
+            percentile(&u.latencies, 0.5) * 1e3,
+            percentile(&u.latencies, 1.0) * 1e3
         );
     }
     say!(

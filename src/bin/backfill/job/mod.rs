@@ -1,10 +1,11 @@
 //! The replay job of the command-line tool, on the library's job API: the job itself
 //! (`replay.rs`), its Parquet sink (`sink.rs`, with the column writers of `column_writer.rs`,
 //! `lanes.rs` and `encoding.rs`), the completion certificate (`certificate.rs`), which state
-//! and output belong together (`output.rs`), an output on object storage (`remote.rs`), and the dataset's validation beside the load
+//! and output belong together (`output.rs`), an output on object storage (`remote.rs`) and its checkpoints there (`checkpoint.rs`), and the dataset's validation beside the load
 //! (`validation.rs`).
 
 mod certificate;
+pub mod checkpoint;
 mod column_writer;
 mod encoding;
 mod lanes;

@@ -1,46 +1,46 @@
 //! A replay's output on object storage (`--out s3://bucket/prefix`): exactly once, with no
-//! rename, one writer.
+//! rename, one writer; its checkpoints kept beside it (`checkpoint.rs`), so that any machine
+//! resumes it.
 //!
 //! ```text
 //!   the replay, as for a local --out, into CACHE (state, changes/*.parquet.tmp → rename)
-//!        │ a published CACHE/changes/epoch-E.parquet is committed output (renamed after
-//!        │ the store's commit)
-//!        ▼ sync (a thread, every SYNC_INTERVAL, and once more at the end)
-//!   URL/changes/epoch-E.parquet   one create-if-absent PUT each, in epoch order
+//!        │ the store's committed state (an image: manifest + run files, pinned)
+//!        ▼ a round (a thread, every SYNC_INTERVAL, and once more at the end, whatever the end)
+//!   URL/_backfill-state/...       run files, staged output files, manifest, then
+//!                                 checkpoint-S.json (create-if-absent: the commit point)
+//!   URL/changes/epoch-E.parquet   published once a checkpoint names it (server-side copy)
 //!   URL/_backfill-writer.json     the writer's claim, one create-if-absent PUT
 //! ```
 //!
-//! Readers listing `URL/changes/*.parquet` see only whole objects (a PUT is atomic) of
-//! committed checkpoints (only published files are uploaded, after their commit), each epoch
-//! once. A crash between a commit and its upload leaves the file in the cache: the next run
-//! uploads it. The remote changes are kept equal to the cache's published files: an object of
-//! an epoch file the cache does not hold (an earlier output, replaced by `--fresh`) is
-//! deleted, newest first, before any upload.
+//! Readers listing `URL/changes/*.parquet` see only whole objects (a PUT or copy is atomic)
+//! of committed checkpoints, each epoch once (see `checkpoint.rs` for why, and for the
+//! restore on an empty cache).
 //!
 //! One writer per output: the first run claims `URL` with a create-if-absent PUT of
 //! `_backfill-writer.json` naming its writer id, kept in `CACHE/.backfill-writer`. A run from
-//! another cache (another machine, another directory) finds the claim and stops with exit
-//! status 2 before writing anything; of two writers starting together, exactly one creates
-//! the claim. The cache is needed to resume: with an empty cache the claim refuses (restoring
-//! the state from object storage is not built yet).
+//! another cache holding another writer's id finds the claim and stops with exit status 2
+//! before writing anything; of two writers starting together, exactly one creates the claim.
+//! A run on an empty cache restores the latest checkpoint first, and with it the writer's
+//! id: it is the same writer, on another machine. Two such workers at once are told apart by
+//! the checkpoints' numbers: the second to write a number stops (exit 2).
 //!
 //! A shard (`--shard I/N`) is a writer of its own part: its claim is
-//! `_backfill-writer.shard-I-of-N.json`, its default cache `out/cache/<URL>.shard-I-of-N`, and
-//! its sync lists, uploads and deletes only its own names (`epoch-E.shard-I-of-N.parquet`),
-//! so the N shards of an output never touch each other's objects.
+//! `_backfill-writer.shard-I-of-N.json`, its checkpoints `_backfill-state.shard-I-of-N/`,
+//! its default cache `out/cache/<URL>.shard-I-of-N`, and it publishes and deletes only its
+//! own names (`epoch-E.shard-I-of-N.parquet`), so the N shards of an output never touch
+//! each other's objects.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use std::time::SystemTime;
 
 use crate::error::{Error, Result};
-use crate::job::output::{CHANGES_DIR, parse_output_name, part_files};
+use crate::job::checkpoint::{Checkpoints, Uploads};
 use crate::job::shard::Shard;
 use crate::replay::storage::{self, Put};
+use crate::store::durable::ImageSource;
 
 /// The claim's object name under the output URL (`_`: readers' globs skip it).
 pub const WRITER_OBJECT: &str = "_backfill-writer.json";
@@ -52,14 +52,13 @@ const SYNC_INTERVAL: Duration = Duration::from_millis(250);
 /// An output on object storage, claimed by this writer.
 #[derive(Debug, Clone)]
 pub struct RemoteOut {
-    url: PathBuf,
-    cache: PathBuf,
-    shard: Option<Shard>,
-    /// The cache's files (epoch, size, modification time) whose object is known to hold
-    /// their bytes: uploaded by this process, or read back and compared once. An object of
-    /// the same name and size is not enough: an earlier output's file may have both.
-    confirmed: Arc<Mutex<HashSet<(u64, u64, SystemTime)>>>,
+    checkpoints: Arc<Checkpoints>,
+    /// Where the replay puts its store's image source once the store is open.
+    source: ImageSlot,
 }
+
+/// Where a replay leaves its durable store's [`ImageSource`] for the upload thread.
+pub type ImageSlot = Arc<Mutex<Option<ImageSource>>>;
 
 /// The claim's object name of the part `shard` of an output.
 fn claim_object(shard: Option<Shard>) -> String {
@@ -79,31 +78,6 @@ pub fn part_of_claim(name: &str) -> Option<Option<Shard>> {
         .strip_prefix("_backfill-writer.")?
         .strip_suffix(".json")?;
     Shard::parse_tag(tag).map(Some)
-}
-
-/// A sync round that did not finish.
-enum SyncError {
-    /// A cache file went away while it was read.
-    Gone,
-    Failed(Error),
-}
-
-impl From<Error> for SyncError {
-    fn from(e: Error) -> Self {
-        SyncError::Failed(e)
-    }
-}
-
-/// `read(path)` of a cache file: its going away is [`SyncError::Gone`].
-fn local_file<T>(
-    path: &Path,
-    read: impl FnOnce(&Path) -> std::io::Result<T>,
-) -> std::result::Result<T, SyncError> {
-    match read(path) {
-        Ok(value) => Ok(value),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SyncError::Gone),
-        Err(e) => Err(SyncError::Failed(crate::store::io::named(path, e).into())),
-    }
 }
 
 /// The default cache of the part `shard` of the output `url`:
@@ -133,20 +107,33 @@ fn writer_id(cache: &Path) -> Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::from(crate::store::io::named(&path, e))),
     }
-    std::fs::create_dir_all(cache).map_err(|e| crate::store::io::named(cache, e))?;
     let id = format!("{:032x}", rand::random::<u128>());
+    write_writer_id(cache, &id)?;
+    Ok(id)
+}
+
+/// Makes `id` the writer id of `cache` (a restore makes the new machine the same writer).
+pub fn write_writer_id(cache: &Path, id: &str) -> Result<()> {
+    let path = cache.join(WRITER_FILE);
+    std::fs::create_dir_all(cache).map_err(|e| crate::store::io::named(cache, e))?;
     let tmp = cache.join(format!("{WRITER_FILE}.tmp"));
     std::fs::write(&tmp, format!("{id}\n"))
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|e| crate::store::io::named(&path, e))?;
-    Ok(id)
+    Ok(())
 }
 
 impl RemoteOut {
     /// Claims the part `shard` of `url` for the writer of `cache` (see the module docs), or
     /// refuses naming the writer that holds it. An output holding another layout's parts
     /// (unsharded and sharded, or shards of another N) is refused first.
-    pub fn claim(url: &Path, cache: &Path, shard: Option<Shard>) -> Result<Self> {
+    pub fn claim(
+        url: &Path,
+        cache: &Path,
+        shard: Option<Shard>,
+        checkpoints: Checkpoints,
+        source: ImageSlot,
+    ) -> Result<Self> {
         crate::job::output::check_layout(url, shard)?;
         let id = writer_id(cache)?;
         let claim_path = url.join(claim_object(shard));
@@ -176,148 +163,87 @@ impl RemoteOut {
                 ));
             }
         }
+        checkpoints.set_writer(&id)?;
         Ok(Self {
-            url: url.to_path_buf(),
-            cache: cache.to_path_buf(),
-            confirmed: Arc::default(),
-            shard,
+            checkpoints: Arc::new(checkpoints),
+            source,
         })
     }
 
-    /// Makes `URL/changes` hold exactly the cache's published files (see the module docs);
-    /// the files uploaded.
-    pub fn sync(&self) -> Result<u64> {
-        match self.sync_once() {
-            Ok(uploaded) => Ok(uploaded),
-            // A cache file went away while it was read: the replay is replacing its output
-            // (`--fresh`, a new job). The next round sees the cache as it is then.
-            Err(SyncError::Gone) => Ok(0),
-            Err(SyncError::Failed(e)) => Err(e),
+    /// One round: a checkpoint of the store's committed state, if it holds anything new
+    /// (nothing while no store is open).
+    fn round(&self) -> Result<()> {
+        let source = self.source_now()?;
+        match source.map(|s| s.image()).transpose()?.flatten() {
+            Some(image) => self.checkpoints.round(&image),
+            None => Ok(()),
         }
     }
 
-    fn sync_once(&self) -> std::result::Result<u64, SyncError> {
-        let local = match part_files(&self.cache, self.shard) {
-            Ok(files) => files,
-            // No output yet: nothing to upload (and nothing remote is the cache's).
-            Err(_) if !self.cache.join(CHANGES_DIR).exists() => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        let mut sizes = std::collections::BTreeMap::new();
-        for (epoch, path) in &local {
-            let meta = local_file(path, |p| std::fs::metadata(p))?;
-            let modified = local_file(path, |_| meta.modified())?;
-            sizes.insert(*epoch, (path.clone(), meta.len(), modified));
-        }
-        let mut confirmed = (self.confirmed.lock())
-            .map_err(|_| Error::config("the upload's record is poisoned".into()))?;
-        let remote_dir = self.url.join(CHANGES_DIR);
-        let mut remote = std::collections::BTreeMap::new();
-        for entry in storage::list(&remote_dir)?.unwrap_or_default() {
-            if let Some(name) = parse_output_name(&entry.name)
-                && !name.tmp
-                && name.shard == self.shard
-                && entry.is_file
-            {
-                remote.insert(name.epoch, entry);
-            }
-        }
-        // Objects the cache does not hold as they are: an earlier output's. Newest first. An
-        // object of the cache file's name and size is read back once and compared.
-        let mut stale = Vec::new();
-        for (epoch, entry) in remote.iter().rev() {
-            let same = match sizes.get(epoch) {
-                Some((path, size, modified)) if *size == entry.size => {
-                    let key = (*epoch, *size, *modified);
-                    confirmed.contains(&key) || {
-                        let local = local_file(path, |p| std::fs::read(p))?;
-                        let held = storage::read(&entry.path)?;
-                        let same = held.is_some_and(|held| held.as_ref() == local.as_slice());
-                        if same {
-                            confirmed.insert(key);
-                        }
-                        same
-                    }
-                }
-                _ => false,
-            };
-            if !same {
-                storage::delete(&entry.path)?;
-                stale.push(*epoch);
-            }
-        }
-        let mut uploaded = 0;
-        for (epoch, (path, size, modified)) in &sizes {
-            if remote.contains_key(epoch) && !stale.contains(epoch) {
-                continue;
-            }
-            let name = path.file_name().map(|n| n.to_owned()).unwrap_or_default();
-            let target = remote_dir.join(name);
-            let bytes = match local_file(path, |p| std::fs::read(p)) {
-                Ok(bytes) => bytes,
-                Err(SyncError::Gone) => return Ok(uploaded),
-                Err(e) => return Err(e),
-            };
-            if storage::put_if_absent(&target, bytes.into())? == Put::Exists
-                && storage::size(&target)? != Some(*size)
-            {
-                return Err(SyncError::Failed(Error::dataset(
-                    &target,
-                    "",
-                    "another writer's object is in the output (its size differs from this \
-                     checkpoint's file): two writers never share an output",
-                )));
-            }
-            confirmed.insert((*epoch, *size, *modified));
-            uploaded += 1;
-        }
-        Ok(uploaded)
+    fn source_now(&self) -> Result<Option<ImageSource>> {
+        Ok((self.source.lock())
+            .map_err(|_| Error::config("the store's image source is poisoned".into()))?
+            .clone())
     }
 
-    /// Starts syncing on a thread of its own until [`Syncing::finish`].
+    /// Starts the rounds on a thread of their own until [`Syncing::finish`]. A round that
+    /// fails ends the thread and sets [`Syncing::failed`]: the replay stops at its next
+    /// checkpoint and `finish` returns the error.
     pub fn start(self) -> Syncing {
         let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name("backfill-upload".into())
             .spawn({
                 let stop = stop.clone();
+                let failed = failed.clone();
                 let remote = self.clone();
                 move || {
-                    let mut uploaded = 0;
                     while !stop.load(Ordering::Relaxed) {
-                        uploaded += remote.sync()?;
+                        if let Err(e) = remote.round() {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
                         std::thread::sleep(SYNC_INTERVAL);
                     }
-                    Ok(uploaded)
+                    Ok(())
                 }
             });
         Syncing {
             remote: self,
             stop,
+            failed,
             thread: thread.ok(),
         }
     }
 }
 
-/// A [`RemoteOut`] being synced by its thread.
+/// A [`RemoteOut`] whose rounds run on their thread.
 pub struct Syncing {
     remote: RemoteOut,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<u64>>>,
+    failed: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<()>>>,
 }
 
 impl Syncing {
-    /// Stops the thread and syncs once more (what the run committed last); the files
-    /// uploaded in all.
-    pub fn finish(mut self) -> Result<u64> {
+    /// Set once a round failed (the thread has ended).
+    pub fn failed(&self) -> Arc<AtomicBool> {
+        self.failed.clone()
+    }
+
+    /// Stops the thread and runs the last round on what the run committed last (the store
+    /// closed: from its directory); what the rounds did.
+    pub fn finish(mut self) -> Result<Uploads> {
         self.stop.store(true, Ordering::Relaxed);
-        let mut uploaded = match self.thread.take().map(JoinHandle::join) {
+        match self.thread.take().map(JoinHandle::join) {
             Some(Ok(result)) => result?,
             Some(Err(_)) => return Err(Error::config("the upload thread panicked".into())),
-            None => 0,
-        };
-        uploaded += self.remote.sync()?;
-        Ok(uploaded)
+            None => {}
+        }
+        let source = self.remote.source_now()?;
+        self.remote.checkpoints.final_round(source.as_ref())?;
+        self.remote.checkpoints.uploads()
     }
 }
 

@@ -64,7 +64,6 @@ use crate::backfill::SnapshotOrder;
 use crate::chunk::StreamChunk;
 use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
-use crate::job::remote;
 use crate::job::shard::{Shard, ShardFilter};
 use crate::job::sink::ParquetSink;
 use crate::job::validation::{NewDirs, Validation};
@@ -72,6 +71,7 @@ use crate::job::{
     BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, LoadProgress,
     SealedLoad, TableDigest, TableLoader,
 };
+use crate::job::{checkpoint, remote};
 use crate::replay::Dataset;
 use crate::replay::SnapshotFeed;
 use crate::replay::prefetch::Prefetch;
@@ -175,6 +175,12 @@ pub struct ReplayOptions {
     /// For an output on object storage (`out` a URL): the local directory of its state and
     /// of the files on their way (`None`: [`remote::default_cache`]).
     pub cache: Option<PathBuf>,
+    /// For an output on object storage: where its checkpoints go (`None`:
+    /// `URL/_backfill-state`, see `checkpoint.rs`).
+    pub checkpoint_url: Option<PathBuf>,
+    /// Where the opened durable store's image source is left for the upload of checkpoints
+    /// (set by `run_replay_until` for an output on object storage).
+    pub image_slot: Option<remote::ImageSlot>,
     /// Snapshot rows per durable load step (`None`: [`LOAD_STEP_ROWS`], or 256 a vnode if
     /// more).
     pub load_step_rows: Option<u64>,
@@ -232,6 +238,8 @@ impl ReplayOptions {
             parallelism: default_parallelism(),
             rescales: Vec::new(),
             cache: None,
+            checkpoint_url: None,
+            image_slot: None,
             scratch: std::env::temp_dir(),
             load_step_rows: None,
             shard: None,
@@ -330,8 +338,13 @@ pub struct ReplaySummary {
     /// For a job that had finished before this run: what its output's job record says of
     /// its end (the dataset epoch and the certificate).
     pub finish_record: Option<FinishRecord>,
-    /// For an output on object storage: the files this run uploaded.
+    /// For an output on object storage: the output files this run published.
     pub uploaded_files: Option<u64>,
+    /// For an output on object storage: what this run's checkpoint uploads did.
+    pub uploads: Option<crate::job::checkpoint::Uploads>,
+    /// For an output on object storage: the checkpoint this run restored its cache from
+    /// (the cache held no state, or an older one than the bucket's).
+    pub restored: Option<crate::job::checkpoint::Restored>,
     /// The shard this replay owned, with its vnodes (`None`: every vnode).
     pub shard: Option<(Shard, std::ops::Range<usize>)>,
 }
@@ -396,39 +409,92 @@ pub async fn run_replay_until(
     interrupted: impl Future<Output = Interrupt>,
 ) -> Result<ReplaySummary> {
     if !storage::is_url(&options.out) {
+        if let Some(url) = &options.checkpoint_url {
+            return Err(Error::config(format!(
+                "--checkpoint-url {}: checkpoints go to object storage only with the output \
+                 (--out s3://...): a local output cannot be restored elsewhere",
+                url.display()
+            )));
+        }
         return run_replay_local(dataset, options, on_progress, interrupted).await;
     }
-    // An output on object storage (`remote.rs`): the replay runs into the local cache while
-    // a thread uploads what it commits; once more at the end, whatever the end.
+    // An output on object storage (`remote.rs`, `checkpoint.rs`): the replay runs into the
+    // local cache while a thread uploads its checkpoints and publishes their output; once
+    // more at the end, whatever the end.
     let url = options.out.clone();
     let cache =
         (options.cache.clone()).unwrap_or_else(|| remote::default_cache(&url, options.shard));
     let mut local = options.clone();
     local.out = cache.clone();
-    match &options.state {
+    let state = match &options.state {
         StateChoice::Durable(dir)
             if *dir == url.join(STATE_DIR) || *dir == default_state_dir(&url, options.shard) =>
         {
-            local.state = StateChoice::Durable(cache.join(STATE_DIR));
+            cache.join(STATE_DIR)
         }
         StateChoice::Durable(dir) if storage::is_url(dir) => {
             return Err(Error::config(format!(
-                "--state {}: the state is a local directory (object storage holds the output)",
+                "--state {}: the state is a local directory (its checkpoints go to object \
+                 storage with the output)",
                 dir.display()
             )));
         }
-        _ => {}
-    }
+        StateChoice::Durable(dir) => dir.clone(),
+        StateChoice::Memory => {
+            return Err(Error::config(
+                "--state memory: an output on object storage is published from its \
+                 checkpoints, which need a durable state"
+                    .into(),
+            ));
+        }
+    };
+    local.state = StateChoice::Durable(state.clone());
     if let Some(shard) = options.shard {
         shard.range(options.vnodes)?;
     }
-    let syncing = remote::RemoteOut::claim(&url, &cache, options.shard)?.start();
-    let result = run_replay_local(dataset, &local, on_progress, interrupted).await;
-    let uploaded = tokio::task::spawn_blocking(move || syncing.finish())
+    let root = match &options.checkpoint_url {
+        Some(root) if storage::is_url(root) => root.clone(),
+        Some(root) => {
+            return Err(Error::config(format!(
+                "--checkpoint-url {}: not an object storage URL (s3://, gs://, az://)",
+                root.display()
+            )));
+        }
+        None => checkpoint::default_root(&url, options.shard),
+    };
+    crate::job::output::check_layout(&url, options.shard)?;
+    let (checkpoints, restored) = tokio::task::block_in_place(|| {
+        checkpoint::Checkpoints::prepare(&url, &root, &cache, &state, options.shard, options.fresh)
+    })?;
+    let slot = remote::ImageSlot::default();
+    local.image_slot = Some(slot.clone());
+    let syncing = remote::RemoteOut::claim(&url, &cache, options.shard, checkpoints, slot)?.start();
+    let failed = syncing.failed();
+    let stop = async move {
+        let mut interrupted = std::pin::pin!(interrupted);
+        loop {
+            tokio::select! {
+                signal = interrupted.as_mut() => return signal,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {
+                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        // The upload failed (another worker took the output over, the
+                        // bucket refused): stop at the next checkpoint; its error is told.
+                        return Interrupt::Terminate;
+                    }
+                }
+            }
+        }
+    };
+    let result = run_replay_local(dataset, &local, on_progress, stop).await;
+    let uploads = tokio::task::spawn_blocking(move || syncing.finish())
         .await
-        .map_err(|e| internal!("the upload's last sync failed: {e}"))?;
+        .map_err(|e| internal!("the upload's last round failed: {e}"))?;
+    // An upload's error first: the run's own (an interruption it caused) follows from it.
+    let uploads = uploads?;
     let mut summary = result?;
-    summary.uploaded_files = Some(uploaded?);
+    summary.uploaded_files = Some(uploads.published);
+    summary.uploads = Some(uploads);
+    summary.restored = restored;
     summary.out = url;
     Ok(summary)
 }
@@ -609,6 +675,11 @@ async fn run_validated(
                 drop(store);
                 durable::destroy(io.as_ref(), dir)?;
                 store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
+            }
+            if let Some(slot) = &options.image_slot {
+                let mut slot =
+                    (slot.lock()).map_err(|_| internal!("the store's image slot is poisoned"))?;
+                *slot = Some(store.image_source());
             }
             let job = Job::new(store, dataset, options, desc)?;
             job.run(validation, on_progress, interrupted).await
@@ -1223,6 +1294,8 @@ impl<'a, S: StateStore> Job<'a, S> {
             last_epoch: self.last_epoch,
             finish_record: None,
             uploaded_files: None,
+            uploads: None,
+            restored: None,
             shard: match self.options.shard {
                 Some(shard) => Some((shard, shard.range(self.options.vnodes)?)),
                 None => None,

@@ -174,6 +174,9 @@ pub struct Entry {
     pub is_file: bool,
     /// A file's size.
     pub size: u64,
+    /// A file's entity tag, when the store gives one: it changes whenever the object is
+    /// written with other bytes.
+    pub e_tag: Option<String>,
 }
 
 /// The entries directly under the URL `dir`; `None` when there are none (object storage has
@@ -193,6 +196,7 @@ pub fn list(dir: &Path) -> Result<Option<Vec<Entry>>> {
                 name: name.to_string(),
                 is_file: true,
                 size: object.size,
+                e_tag: object.e_tag.clone(),
             });
         }
     }
@@ -203,6 +207,7 @@ pub fn list(dir: &Path) -> Result<Option<Vec<Entry>>> {
                 name: name.to_string(),
                 is_file: false,
                 size: 0,
+                e_tag: None,
             });
         }
     }
@@ -257,12 +262,113 @@ pub fn put_if_absent(path: &Path, bytes: Bytes) -> Result<Put> {
     }
 }
 
-/// The size of the object at the URL `path`, if there is one.
-pub fn size(path: &Path) -> Result<Option<u64>> {
+/// Puts `bytes` at the URL `path`, replacing any object there.
+pub fn put(path: &Path, bytes: Bytes) -> Result<()> {
+    let located = locate(path)?;
+    let put = block(async move { located.store.put(&located.path, bytes.into()).await })?;
+    put.map(|_| ())
+        .map_err(|e| io_error(path, format!("cannot write: {e}")))
+}
+
+/// Bytes an upload sends per part, and the largest object sent in one PUT.
+const PART_SIZE: usize = 8 << 20;
+/// Parts of one upload in flight at once: an upload holds at most this many parts' bytes.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// Uploads the local file `from` to the URL `to` (replacing any object there), in parts:
+/// memory holds at most [`PARTS_IN_FLIGHT`] parts, whatever the file's size. Returns the
+/// bytes sent.
+pub fn put_file(from: &Path, to: &Path) -> Result<u64> {
+    let mut file = File::open(from).map_err(|e| crate::store::io::named(from, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| crate::store::io::named(from, e))?
+        .len();
+    if size <= PART_SIZE as u64 {
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut bytes)
+            .map_err(|e| crate::store::io::named(from, e))?;
+        let sent = bytes.len() as u64;
+        put(to, bytes.into())?;
+        return Ok(sent);
+    }
+    let located = locate(to)?;
+    let from = from.to_path_buf();
+    let target = to.to_path_buf();
+    let sent = block(async move {
+        let upload = (located.store.put_multipart(&located.path).await)
+            .map_err(|e| io_error(&target, format!("cannot start an upload: {e}")))?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        let mut buf = vec![0u8; PART_SIZE];
+        let mut sent = 0u64;
+        loop {
+            // A blocking read on the object runtime's thread: one part at a time, between
+            // the parts' sends.
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    writer.abort().await.ok();
+                    return Err(Error::from(crate::store::io::named(&from, e)));
+                }
+            };
+            if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                return Err(io_error(&target, format!("cannot write: {e}")));
+            }
+            writer.write(&buf[..n]);
+            sent += n as u64;
+        }
+        (writer.finish().await).map_err(|e| io_error(&target, format!("cannot write: {e}")))?;
+        Ok(sent)
+    })??;
+    Ok(sent)
+}
+
+/// Downloads the object at the URL `from` into the new local file `to`, streamed (memory
+/// holds one chunk of the response at a time). Returns its size; `None` if there is no
+/// object.
+pub fn get_file(from: &Path, to: &Path) -> Result<Option<u64>> {
+    use std::io::Write;
+    let located = locate(from)?;
+    let source = from.to_path_buf();
+    let target = to.to_path_buf();
+    block(async move {
+        use futures::StreamExt;
+        let got = match located.store.get(&located.path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(io_error(&source, format!("cannot read: {e}"))),
+        };
+        let mut file = File::create(&target).map_err(|e| crate::store::io::named(&target, e))?;
+        let mut stream = got.into_stream();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| io_error(&source, format!("cannot read: {e}")))?;
+            file.write_all(&chunk)
+                .map_err(|e| crate::store::io::named(&target, e))?;
+            size += chunk.len() as u64;
+        }
+        file.sync_all()
+            .map_err(|e| crate::store::io::named(&target, e))?;
+        Ok(Some(size))
+    })?
+}
+
+/// Copies the object at the URL `from` to the URL `to` in the same store (server side),
+/// replacing any object there.
+pub fn copy(from: &Path, to: &Path) -> Result<()> {
+    let source = locate(from)?;
+    let target = locate(to)?;
+    let copied = block(async move { source.store.copy(&source.path, &target.path).await })?;
+    copied.map_err(|e| io_error(to, format!("cannot copy {} here: {e}", from.display())))
+}
+
+/// The entity tag of the object at the URL `path` (`None`: no object, or no tag).
+pub fn e_tag(path: &Path) -> Result<Option<String>> {
     let located = locate(path)?;
     let head = block(async move { located.store.head(&located.path).await })?;
     match head {
-        Ok(meta) => Ok(Some(meta.size)),
+        Ok(meta) => Ok(meta.e_tag),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(io_error(path, format!("cannot look up: {e}"))),
     }
