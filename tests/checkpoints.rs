@@ -78,7 +78,10 @@ fn wait_for_checkpoints(
     loop {
         assert!(Instant::now() < deadline, "no checkpoint within a minute");
         let names = list(store, state);
-        let numbers: Vec<&String> = names.iter().filter(|n| n.contains("/checkpoint-")).collect();
+        let numbers: Vec<&String> = names
+            .iter()
+            .filter(|n| n.contains("/checkpoint-"))
+            .collect();
         // The latest checkpoint's number only grows.
         let latest = numbers.len();
         seen = seen.max(latest);
@@ -131,7 +134,11 @@ fn killed_and_restored(server: &S3Server, bucket: &str, kill_at: usize, extra: &
         "none",
     ];
     args.extend_from_slice(extra);
-    let slow = [&args[..], &["--rate-limit", "8000", "--upstream-rate", "3000"]].concat();
+    let slow = [
+        &args[..],
+        &["--rate-limit", "8000", "--upstream-rate", "3000"],
+    ]
+    .concat();
     let state = match extra.iter().position(|a| *a == "--shard") {
         Some(i) => format!(
             "lineitem/_backfill-state.shard-{}",

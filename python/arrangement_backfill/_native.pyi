@@ -93,13 +93,18 @@ def replay(
     progress: bool = False,
     cache: Optional[str] = None,
     shard: Optional[str] = None,
+    checkpoint_url: Optional[str] = None,
 ) -> dict:
     """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
     resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``).
     ``dataset`` and ``out`` may be object storage URLs (``s3://bucket/path``, ``gs://``,
     ``az://``; configured by the standard environment variables): the dataset is read by
-    ranges, each committed file of the output uploaded once (``uploaded_files``), its state
-    kept in the local ``cache`` directory (default ``out/cache/<the URL as a name>``). Returns
+    ranges, each committed file of the output published once (``uploaded_files``) after its
+    checkpoint was uploaded beside it (``OUT/_backfill-state``, or ``checkpoint_url``;
+    ``checkpoints_uploaded``), its state kept in the local ``cache`` directory (default
+    ``out/cache/<the URL as a name>``). The same call on another machine, with an empty
+    cache, restores the latest checkpoint (``restored_checkpoint``, its number) and resumes
+    from it. Returns
     the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
     ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``,
     ``load_resumed_at`` (the snapshot rows a killed run's load steps had committed, or

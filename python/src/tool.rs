@@ -37,7 +37,7 @@ fn tool_err(error: error::Error) -> PyErr {
     dataset, out = None, *, state = None, memory = false, fresh = false, vnodes = 256,
     batch_size = 8192, order = "merged", checkpoint_every = 1, barrier_interval_ms = None,
     rate_limit = None, upstream_rate = None, parallelism = None, rescale = None, tmp = None,
-    verify = false, progress = false, cache = None, shard = None
+    verify = false, progress = false, cache = None, shard = None, checkpoint_url = None
 ))]
 #[expect(
     clippy::too_many_arguments,
@@ -64,6 +64,7 @@ pub fn replay_fn<'py>(
     progress: bool,
     cache: Option<PathBuf>,
     shard: Option<&str>,
+    checkpoint_url: Option<PathBuf>,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
     use job::replay::{Interrupt, ReplayOptions, StateChoice, default_out_dir, run_replay_until};
     let runtime = runtime()?;
@@ -101,6 +102,8 @@ pub fn replay_fn<'py>(
         options.scratch = dir.clone();
     }
     options.cache = cache;
+    options.checkpoint_url =
+        checkpoint_url.map(|url| replay::storage::local_or_url(&url.to_string_lossy()));
     // `shard="I/N"` as `--shard I/N` (I from 0; "auto" from the scheduler's environment,
     // N from BACKFILL_SHARDS where the scheduler does not give it).
     let shard = match shard {
@@ -183,6 +186,14 @@ pub fn replay_fn<'py>(
     dict.set_item("dataset_epoch", summary.last_epoch)?;
     dict.set_item("final_checkpoint", summary.final_checkpoint)?;
     dict.set_item("uploaded_files", summary.uploaded_files)?;
+    dict.set_item(
+        "checkpoints_uploaded",
+        summary.uploads.as_ref().map(|u| u.checkpoints),
+    )?;
+    dict.set_item(
+        "restored_checkpoint",
+        summary.restored.as_ref().map(|r| r.seq),
+    )?;
     dict.set_item(
         "shard",
         summary.shard.as_ref().map(|(shard, _)| shard.to_string()),

@@ -85,3 +85,32 @@ def test_a_replay_from_and_into_a_bucket_is_read_back_exactly_once(s3, tmp_path)
     # Another writer (another cache) is refused.
     with pytest.raises(ab.BadInput, match="another replay"):
         ab.replay(f"s3://{bucket}/ds", f"s3://{bucket}/out", cache=str(tmp_path / "other"), fresh=True)
+
+
+def test_the_same_call_on_an_empty_cache_restores_the_bucket_checkpoint(s3, tmp_path):
+    """A lost machine: the cache is deleted, and the same call restores the latest checkpoint
+    from the bucket (the output finished: nothing is redone, nothing published twice), and
+    pyarrow still reads every committed row once."""
+    import boto3
+    import pyarrow.dataset as pads
+    import pyarrow.fs as pafs
+    import shutil
+
+    bucket = f"r{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=s3, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    dataset = ROOT / "datasets" / "tpch-lineitem-sf0.01"
+    cache = tmp_path / "cache"
+    first = ab.replay(str(dataset), f"s3://{bucket}/out", cache=str(cache), parallelism=2)
+    assert first["checkpoints_uploaded"] >= 1 and first["restored_checkpoint"] is None
+    shutil.rmtree(cache)
+    again = ab.replay(str(dataset), f"s3://{bucket}/out", cache=str(cache))
+    assert again["restored_checkpoint"] is not None
+    assert again["already_finished"] is True
+    assert again["uploaded_files"] == 0
+    report = ab.verify(str(dataset), f"s3://{bucket}/out")
+    fs = pafs.S3FileSystem(endpoint_override=s3, access_key="test", secret_key="test", region="us-east-1",
+                           scheme="http")
+    table = pads.dataset(f"{bucket}/out/changes", filesystem=fs, format="parquet").to_table()
+    assert table.num_rows == first["output_rows"] == report["output_rows"]

@@ -696,6 +696,17 @@ fn print_summary(name: &str, s: &ReplaySummary) {
             range.end
         );
     }
+    if let Some(r) = &s.restored {
+        say!(
+            "  restored          checkpoint {} (epoch {}) from object storage: {} files, {:.1} MB \
+             in {:.2} s",
+            r.seq,
+            r.committed_epoch.map_or("none".into(), |e| e.to_string()),
+            r.files,
+            r.bytes as f64 / 1e6,
+            r.seconds
+        );
+    }
     if let Some(epoch) = s.resumed_from {
         say!(
             "  resumed from checkpoint epoch {epoch} ({} changes already applied)",
@@ -710,17 +721,6 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         s.output_files,
         s.out.join("changes").display()
     );
-    if let Some(r) = &s.restored {
-        say!(
-            "  restored          checkpoint {} (epoch {}) from object storage: {} files, {:.1} MB \
-             in {:.2} s",
-            r.seq,
-            r.committed_epoch.map_or("none".into(), |e| e.to_string()),
-            r.files,
-            r.bytes as f64 / 1e6,
-            r.seconds
-        );
-    }
     if let Some(uploaded) = s.uploaded_files {
         say!(
             "  published         {:>12}  files to {} (this run; each committed file once)",
@@ -731,10 +731,11 @@ fn print_summary(name: &str, s: &ReplaySummary) {
     if let Some(u) = &s.uploads {
         say!(
             "  checkpoints       {:>12}  uploaded ({:.1} MB; upload to commit p50 {:.0} ms, \
-             max {:.0} ms)",
+             p99 {:.0} ms, max {:.0} ms)",
             u.checkpoints,
             u.bytes as f64 / 1e6,
             percentile(&u.latencies, 0.5) * 1e3,
+            percentile(&u.latencies, 0.99) * 1e3,
             percentile(&u.latencies, 1.0) * 1e3
         );
     }
