@@ -141,8 +141,9 @@ struct ReplayArgs {
     dataset: PathBuf,
     /// Output directory, or an object storage URL (s3://BUCKET/PATH, gs://, az://; configured
     /// by the standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...): each committed
-    /// checkpoint's file is uploaded once, readers never see an uncommitted one, and one
-    /// writer holds the output [default: out/DATASET-NAME].
+    /// checkpoint is uploaded beside it (OUT/_backfill-state) and its file then published
+    /// once, readers never see an uncommitted one, one writer holds the output, and the same
+    /// command on an empty machine restores the latest checkpoint [default: out/DATASET-NAME].
     #[arg(long)]
     out: Option<PathBuf>,
     /// For an output on object storage: the local directory of the state and of the files on
