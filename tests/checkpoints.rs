@@ -139,12 +139,19 @@ fn killed_and_restored(server: &S3Server, bucket: &str, kill_at: usize, extra: &
         &["--rate-limit", "8000", "--upstream-rate", "3000"],
     ]
     .concat();
-    let state = match extra.iter().position(|a| *a == "--shard") {
-        Some(i) => format!(
+    let state = match (
+        extra.iter().position(|a| *a == "--shard"),
+        extra.iter().position(|a| *a == "--checkpoint-url"),
+    ) {
+        (_, Some(i)) => extra[i + 1]
+            .strip_prefix(&format!("s3://{bucket}/"))
+            .unwrap()
+            .to_string(),
+        (Some(i), None) => format!(
             "lineitem/_backfill-state.shard-{}",
             extra[i + 1].replace('/', "-of-")
         ),
-        None => "lineitem/_backfill-state".to_string(),
+        (None, None) => "lineitem/_backfill-state".to_string(),
     };
     let mut child = spawn(server, &slow);
     wait_for_checkpoints(&store, &state, kill_at, &mut child);
@@ -177,7 +184,17 @@ fn a_replay_on_an_empty_cache_restores_the_latest_checkpoint_at_any_kill_moment(
     };
     for (i, kill_at) in [1, 5].into_iter().enumerate() {
         let bucket = format!("restore{i}");
-        killed_and_restored(&server, &bucket, kill_at, &[]);
+        // The second with its checkpoints elsewhere (`--checkpoint-url`).
+        let elsewhere = format!("s3://{bucket}/checkpoints/lineitem");
+        let extra: &[&str] = match i {
+            0 => &[],
+            _ => &["--checkpoint-url", &elsewhere],
+        };
+        killed_and_restored(&server, &bucket, kill_at, extra);
+        if i > 0 {
+            let objects = list(&server.bucket(&bucket), "lineitem/_backfill-state");
+            assert!(objects.is_empty(), "{objects:?}");
+        }
         let url = format!("s3://{bucket}/lineitem");
         let v = run(&server, &["verify", p(&bundled()), &url]);
         assert!(v.status.success(), "kill at {kill_at}: {}", text(&v));

@@ -151,7 +151,8 @@ struct ReplayArgs {
     #[arg(long, value_name = "DIR")]
     cache: Option<PathBuf>,
     /// For an output on object storage: where its checkpoints go (an object storage URL)
-    /// [default: OUT/_backfill-state]. Each committed checkpoint's state files are uploaded
+    /// [default: OUT/_backfill-state; a shard's in URL/shard-I-of-N]. Each committed
+    /// checkpoint's state files are uploaded
     /// beside the output, so the same command on another machine, with an empty --cache,
     /// restores the latest checkpoint and resumes from it.
     #[arg(long, value_name = "URL")]

@@ -70,6 +70,8 @@ const TAGS_FILE: &str = ".backfill-published";
 const SINK_RECORDS: &str = "job.replay.sink.";
 /// The format of a checkpoint object.
 const FORMAT: u32 = 1;
+/// Restores started over from a later checkpoint before one is let fail.
+const RESTORE_ATTEMPTS: usize = 4;
 
 /// The checkpoints' folder of the part `shard` of the output `url`.
 pub fn default_root(url: &Path, shard: Option<Shard>) -> PathBuf {
@@ -244,7 +246,7 @@ impl Checkpoints {
         let local_seq = read_seq(cache)?;
         let restored = match latest {
             Some(latest) if !(fresh || has_state && local_seq >= Some(latest)) => {
-                Some(this.restore(latest)?)
+                Some(this.restore_latest(latest)?)
             }
             _ => None,
         };
@@ -309,6 +311,27 @@ impl Checkpoints {
             ));
         }
         Ok(doc)
+    }
+
+    /// Rebuilds the cache from checkpoint `seq`, or from a later one: a worker still
+    /// writing the output may collect the objects of `seq` while they are read (two
+    /// checkpoints later), and the restore then starts over from the latest.
+    fn restore_latest(&self, mut seq: u64) -> Result<Restored> {
+        for _ in 0..RESTORE_ATTEMPTS {
+            match self.restore(seq) {
+                Ok(restored) => return Ok(restored),
+                Err(e) => {
+                    let latest = (storage::list(&self.root)?.unwrap_or_default().iter())
+                        .filter_map(|entry| checkpoint_seq(&entry.name))
+                        .max();
+                    match latest {
+                        Some(latest) if latest > seq => seq = latest,
+                        _ => return Err(e),
+                    }
+                }
+            }
+        }
+        self.restore(seq)
     }
 
     /// Rebuilds the cache from checkpoint `seq` (see the module docs).
@@ -412,6 +435,7 @@ impl Checkpoints {
             HashSet::new(),
             doc.files.iter().map(|f| f.object.clone()).collect(),
         ];
+        inner.next_seq = inner.next_seq.max(seq + 1);
         Ok(Restored {
             seq,
             committed_epoch: doc.committed_epoch,

@@ -453,7 +453,11 @@ pub async fn run_replay_until(
         shard.range(options.vnodes)?;
     }
     let root = match &options.checkpoint_url {
-        Some(root) if storage::is_url(root) => root.clone(),
+        // Each shard's checkpoints in a folder of their own.
+        Some(root) if storage::is_url(root) => match options.shard {
+            None => root.clone(),
+            Some(shard) => root.join(shard.tag()),
+        },
         Some(root) => {
             return Err(Error::config(format!(
                 "--checkpoint-url {}: not an object storage URL (s3://, gs://, az://)",
