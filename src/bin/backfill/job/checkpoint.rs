@@ -744,3 +744,238 @@ fn write_seq(cache: &Path, seq: u64) -> Result<()> {
         .map_err(|e| named(&path, e))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::chunk::StreamChunk;
+    use crate::key::KeyColumn;
+    use crate::replay::storage::faulty::FaultyStore;
+    use crate::store::{StateStore, StateTable};
+    use crate::table::TableDesc;
+    use crate::vnode::{VnodeBitmap, VnodeCount};
+
+    /// A cache whose durable store (table `t` of 4 vnodes) is tied to job `J` and commits
+    /// epochs that each add 100 rows and an output file (`changes/epoch-E.parquet`, recorded
+    /// in the state as the sink records it).
+    struct Cache {
+        dir: tempfile::TempDir,
+        store: DurableStore,
+        table: crate::store::DurableTable,
+    }
+
+    impl Cache {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let options = DurableOptions {
+                compaction: durable::Compaction::Manual,
+                ..DurableOptions::default()
+            };
+            let store =
+                DurableStore::open_with(dir.path().join("state"), RealIo::shared(), options)
+                    .unwrap();
+            let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+            let desc = TableDesc::new("t", schema, vec![KeyColumn::asc("k")])
+                .unwrap()
+                .with_vnode_count(VnodeCount::new(4).unwrap());
+            let desc = store.create_table(desc).unwrap();
+            let table = store
+                .table("t", VnodeBitmap::full(desc.vnode_count()))
+                .unwrap();
+            let record = serde_json::json!({"job": "J", "state": null});
+            std::fs::write(dir.path().join(job_file(None)), record.to_string()).unwrap();
+            std::fs::create_dir_all(dir.path().join(CHANGES_DIR)).unwrap();
+            Self { dir, store, table }
+        }
+
+        fn commit(&mut self, epoch: u64) {
+            let schema = self.table.desc().schema().clone();
+            let keys = Int64Array::from_iter_values((0..100).map(|i| epoch as i64 * 1000 + i));
+            let batch = RecordBatch::try_new(schema, vec![Arc::new(keys)]).unwrap();
+            self.table.write(&StreamChunk::inserts(batch)).unwrap();
+            self.table.seal(epoch).unwrap();
+            let bytes = format!("output of epoch {epoch}").repeat(epoch as usize);
+            let name = part_file_name(epoch, None);
+            std::fs::write(self.dir.path().join(CHANGES_DIR).join(&name), &bytes).unwrap();
+            let record = FileRecord {
+                rows: 1,
+                size: bytes.len() as u64,
+                crc: crc32fast::hash(bytes.as_bytes()),
+            };
+            let store = &self.store;
+            store.stage_meta(META_JOB_ID, "J").unwrap();
+            store
+                .stage_meta(&format!("{SINK_RECORDS}{epoch:020}"), &record.encode())
+                .unwrap();
+            store.commit(epoch).unwrap();
+        }
+
+        fn checkpoints(&self, bucket: &str) -> Checkpoints {
+            let out = PathBuf::from(format!("memory://{bucket}/out"));
+            let (checkpoints, restored) = Checkpoints::prepare(
+                &out,
+                &default_root(&out, None),
+                self.dir.path(),
+                &self.dir.path().join("state"),
+                None,
+                false,
+            )
+            .unwrap();
+            assert!(restored.is_none());
+            checkpoints.set_writer("W").unwrap();
+            checkpoints
+        }
+    }
+
+    /// Restores the bucket's latest checkpoint onto an empty cache: its committed epoch
+    /// (as the opened store says), and the output files readers see.
+    fn restore_elsewhere(bucket: &str) -> (Option<u64>, Vec<String>) {
+        let out = PathBuf::from(format!("memory://{bucket}/out"));
+        let elsewhere = tempfile::tempdir().unwrap();
+        let state = elsewhere.path().join("state");
+        let (_, restored) = Checkpoints::prepare(
+            &out,
+            &default_root(&out, None),
+            elsewhere.path(),
+            &state,
+            None,
+            false,
+        )
+        .unwrap();
+        let restored = restored.expect("a checkpoint to restore");
+        let store = DurableStore::open(&state).unwrap();
+        let epoch = store.committed_epoch().unwrap();
+        assert_eq!(epoch, restored.committed_epoch);
+        // The restored output files are the ones the state recorded.
+        for (key, value) in store.meta_with_prefix(SINK_RECORDS).unwrap() {
+            let epoch: u64 = key[SINK_RECORDS.len()..].parse().unwrap();
+            let record = FileRecord::decode(&value).unwrap();
+            let path = elsewhere
+                .path()
+                .join(CHANGES_DIR)
+                .join(part_file_name(epoch, None));
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(crc32fast::hash(&bytes), record.crc, "{}", path.display());
+        }
+        let visible = (storage::list(&out.join(CHANGES_DIR))
+            .unwrap()
+            .unwrap_or_default())
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+        (epoch, visible)
+    }
+
+    fn names(epochs: std::ops::RangeInclusive<u64>) -> Vec<String> {
+        epochs.map(|e| part_file_name(e, None)).collect()
+    }
+
+    /// Issue 45 items 3 and 5: a round whose N-th mutating call fails, for every N, leaves
+    /// the bucket at the last checkpoint or the new one, whole (a restore elsewhere opens at
+    /// its epoch with its recorded files), and readers never see a file of a checkpoint the
+    /// bucket does not hold; the next run's round completes it.
+    #[test]
+    fn a_failed_call_at_any_point_of_a_round_leaves_a_whole_checkpoint() {
+        let mut fault = 1;
+        loop {
+            let bucket = format!("ck-fault-{fault}");
+            let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
+            storage::register_memory_store(&bucket, faulty.clone());
+            let mut cache = Cache::new();
+            cache.commit(1);
+            let checkpoints = cache.checkpoints(&bucket);
+            checkpoints.round(&cache.store.image().unwrap()).unwrap();
+            assert_eq!(restore_elsewhere(&bucket), (Some(1), names(1..=1)));
+            cache.commit(2);
+            cache.commit(3);
+            faulty.fail_call(fault);
+            let failed = checkpoints.round(&cache.store.image().unwrap());
+            faulty.fail_call(0);
+            let Err(error) = failed else {
+                // Past the round's last call: every point was tried.
+                assert!(fault > 5, "a round makes more than {fault} calls");
+                break;
+            };
+            assert!(error.to_string().contains("injected failure"), "{error}");
+            let (epoch, visible) = restore_elsewhere(&bucket);
+            match epoch {
+                Some(1) => assert_eq!(visible, names(1..=1), "fault {fault}"),
+                Some(3) => assert!(
+                    visible.iter().all(|v| names(1..=3).contains(v)),
+                    "fault {fault}: {visible:?}"
+                ),
+                other => panic!("fault {fault}: restored epoch {other:?}"),
+            }
+            // The next run (a new round on the same cache) completes the checkpoint.
+            drop(checkpoints);
+            let next = cache.checkpoints(&bucket);
+            next.round(&cache.store.image().unwrap()).unwrap();
+            assert_eq!(restore_elsewhere(&bucket), (Some(3), names(1..=3)));
+            fault += 1;
+        }
+    }
+
+    /// A checkpoint number another worker wrote first: the round stops with a state
+    /// conflict (exit status 2) naming it, and publishes nothing.
+    #[test]
+    fn a_taken_checkpoint_number_stops_the_round_before_it_publishes() {
+        let bucket = "ck-taken";
+        storage::register_memory_store(bucket, Arc::new(InMemory::new()));
+        let mut cache = Cache::new();
+        cache.commit(1);
+        let checkpoints = cache.checkpoints(bucket);
+        checkpoints.round(&cache.store.image().unwrap()).unwrap();
+        cache.commit(2);
+        let out = PathBuf::from(format!("memory://{bucket}/out"));
+        let taken = default_root(&out, None).join(checkpoint_name(2));
+        storage::put(&taken, bytes::Bytes::from_static(b"{}")).unwrap();
+        let error = checkpoints
+            .round(&cache.store.image().unwrap())
+            .unwrap_err();
+        assert_eq!(error.exit_code(), 2, "{error}");
+        assert!(error.to_string().contains("another worker"), "{error}");
+        assert!(error.to_string().contains(&checkpoint_name(2)), "{error}");
+        let visible: Vec<String> = (storage::list(&out.join(CHANGES_DIR)).unwrap())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(visible, names(1..=1));
+    }
+
+    /// A stalled upload (every put held) never holds the store's commits: epochs commit
+    /// while a round waits; once the upload goes on, that round's checkpoint is the state it
+    /// took, and the next round's the latest.
+    #[test]
+    fn a_stalled_upload_does_not_hold_commits() {
+        let bucket = "ck-stalled";
+        let faulty = Arc::new(FaultyStore::new(Arc::new(InMemory::new())));
+        storage::register_memory_store(bucket, faulty.clone());
+        let mut cache = Cache::new();
+        cache.commit(1);
+        let checkpoints = Arc::new(cache.checkpoints(bucket));
+        faulty.hold();
+        let image = cache.store.image().unwrap();
+        let round = std::thread::spawn({
+            let checkpoints = checkpoints.clone();
+            move || checkpoints.round(&image)
+        });
+        // Commits go on while the round waits on its first put (were they to wait for
+        // the upload, this would never return).
+        for epoch in 2..=4 {
+            cache.commit(epoch);
+        }
+        assert!(!round.is_finished(), "the round waits for its upload");
+        faulty.release();
+        round.join().unwrap().unwrap();
+        assert_eq!(restore_elsewhere(bucket), (Some(1), names(1..=1)));
+        checkpoints.round(&cache.store.image().unwrap()).unwrap();
+        assert_eq!(restore_elsewhere(bucket), (Some(4), names(1..=4)));
+    }
+}

@@ -537,6 +537,157 @@ impl ChunkReader for DataFile {
     }
 }
 
+/// The fault seam of object storage (tests): a store that fails its N-th mutating call
+/// (a put, conditional or not, a copy, a delete), or holds every put until it is let go
+/// (a slow upload), around another store.
+#[cfg(test)]
+pub mod faulty {
+    use std::fmt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::StreamExt;
+    use futures::stream::BoxStream;
+    use object_store::path::Path;
+    use object_store::{
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+        PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    };
+
+    /// See the module docs.
+    #[derive(Debug)]
+    pub struct FaultyStore {
+        inner: Arc<dyn ObjectStore>,
+        /// Mutating calls made.
+        calls: AtomicUsize,
+        /// The call (counted from 1) that fails; 0: none.
+        fail_at: AtomicUsize,
+        /// Puts wait while this says `false`.
+        open: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl FaultyStore {
+        pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+            Self {
+                inner,
+                calls: AtomicUsize::new(0),
+                fail_at: AtomicUsize::new(0),
+                open: tokio::sync::watch::channel(true).0,
+            }
+        }
+
+        /// Makes the `n`-th mutating call from now fail (0: none).
+        pub fn fail_call(&self, n: usize) {
+            self.calls.store(0, Ordering::SeqCst);
+            self.fail_at.store(n, Ordering::SeqCst);
+        }
+
+        /// Holds every put until [`FaultyStore::release`] (a stalled upload).
+        pub fn hold(&self) {
+            self.open.send_replace(false);
+        }
+
+        pub fn release(&self) {
+            self.open.send_replace(true);
+        }
+
+        async fn call(&self, what: &str, location: &Path) -> object_store::Result<()> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.fail_at.load(Ordering::SeqCst) {
+                return Err(object_store::Error::Generic {
+                    store: "faulty",
+                    source: format!("injected failure of {what} {location} (call {n})").into(),
+                });
+            }
+            Ok(())
+        }
+
+        async fn wait_open(&self) {
+            let mut open = self.open.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+        }
+    }
+
+    impl fmt::Display for FaultyStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "FaultyStore({})", self.inner)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for FaultyStore {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            self.wait_open().await;
+            self.call("put", location).await?;
+            self.inner.put_opts(location, payload, opts).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.wait_open().await;
+            self.call("multipart put", location).await?;
+            self.inner.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            self.inner.get_opts(location, options).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<Path>>,
+        ) -> BoxStream<'static, object_store::Result<Path>> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.fail_at.load(Ordering::SeqCst) {
+                return futures::stream::once(async move {
+                    Err(object_store::Error::Generic {
+                        store: "faulty",
+                        source: format!("injected failure of a delete (call {n})").into(),
+                    })
+                })
+                .boxed();
+            }
+            self.inner.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: CopyOptions,
+        ) -> object_store::Result<()> {
+            self.call("copy", to).await?;
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use object_store::PutPayload;
