@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::cli::{bin, p, text};
-use common::s3::S3Server;
+use common::s3::{S3Server, list};
 
 fn bundled() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/tpch-lineitem-sf0.01")
@@ -44,25 +44,6 @@ fn refs(v: &[String]) -> Vec<&str> {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The object names under `prefix`, sorted.
-fn list(store: &object_store::aws::AmazonS3, prefix: &str) -> Vec<String> {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let prefix = object_store::path::Path::from(prefix);
-    let mut names: Vec<String> = runtime
-        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
-        .unwrap()
-        .into_iter()
-        .map(|m| m.location.to_string())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Waits until the bucket holds `checkpoints` checkpoints of `state` (a prefix) or the

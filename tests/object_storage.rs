@@ -7,7 +7,7 @@ use std::process::Output;
 
 mod common;
 use common::cli::{bin, p as path, text};
-use common::s3::{S3Server, upload_dir};
+use common::s3::{S3Server, list, upload_dir};
 
 fn bundled() -> &'static Path {
     Path::new(concat!(
@@ -221,25 +221,6 @@ fn an_output_in_a_bucket_verifies_and_has_one_writer() {
     assert!(o.status.success(), "{}", text(&o));
     let v = backfill(&server, &["verify", path(bundled()), url]);
     assert!(v.status.success(), "{}", text(&v));
-}
-
-/// The object names under `prefix`, sorted.
-fn list(store: &object_store::aws::AmazonS3, prefix: &str) -> Vec<String> {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let prefix = object_store::path::Path::from(prefix);
-    let mut names: Vec<String> = runtime
-        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
-        .unwrap()
-        .into_iter()
-        .map(|m| m.location.to_string())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Every object under `prefix/changes`, read whole: each must be a complete Parquet file.

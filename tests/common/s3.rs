@@ -139,3 +139,22 @@ pub fn upload_dir(store: &object_store::aws::AmazonS3, dir: &Path, prefix: &str)
             .unwrap_or_else(|e| panic!("upload {key}: {e}"));
     }
 }
+
+/// The object names under `prefix`, sorted.
+pub fn list(store: &object_store::aws::AmazonS3, prefix: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = object_store::path::Path::from(prefix);
+    let mut names: Vec<String> = runtime
+        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
+        .unwrap()
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .collect();
+    names.sort();
+    names
+}

@@ -86,6 +86,31 @@ fn dictionary_batch(
     .unwrap()
 }
 
+/// Options with a 64 KiB memory budget (layers spill early).
+fn small_options(compaction: Compaction, max_deltas: usize, merge_deltas: usize) -> DurableOptions {
+    DurableOptions {
+        memory_budget: 64 << 10,
+        compaction,
+        max_deltas,
+        merge_deltas,
+        ..DurableOptions::default()
+    }
+}
+
+/// The store in `dir` with table `desc` created, and a handle of all its vnodes.
+fn open_table(
+    dir: &std::path::Path,
+    options: &DurableOptions,
+    desc: TableDesc,
+) -> (DurableStore, DurableTable) {
+    let store = DurableStore::open_with(dir, RealIo::shared(), options.clone()).unwrap();
+    let desc = store.create_table(desc).unwrap();
+    let table = store
+        .table("t", VnodeBitmap::full(desc.vnode_count()))
+        .unwrap();
+    (store, table)
+}
+
 /// Writes `parts` batches of [`dictionary_table`] with `key_type` keys, one commit each,
 /// compacts, reopens and checks every row reads back, in key order.
 fn dictionary_round_trip(key_type: &DataType, parts: i64) {
@@ -95,19 +120,9 @@ fn dictionary_round_trip(key_type: &DataType, parts: i64) {
         .flat_map(|part| rows_of(&dictionary_batch(&schema, part, 100, (100, 7))))
         .collect();
     expected.sort();
-    let options = DurableOptions {
-        memory_budget: 64 << 10,
-        compaction: Compaction::Inline,
-        max_deltas: 6,
-        merge_deltas: 3,
-        ..DurableOptions::default()
-    };
+    let options = small_options(Compaction::Inline, 6, 3);
     {
-        let store = DurableStore::open_with(dir.path(), RealIo::shared(), options.clone()).unwrap();
-        let desc = store.create_table(desc).unwrap();
-        let mut table = store
-            .table("t", VnodeBitmap::full(desc.vnode_count()))
-            .unwrap();
+        let (store, mut table) = open_table(dir.path(), &options, desc);
         for part in 0..parts {
             let batch = dictionary_batch(&schema, part, 100, (100, 7));
             table.write(&StreamChunk::inserts(batch)).unwrap();
@@ -329,18 +344,8 @@ fn all_rows(store: &DurableStore, epoch: u64) -> Vec<String> {
 fn an_image_restores_its_committed_state_anywhere() {
     let dir = tempfile::tempdir().unwrap();
     let (schema, desc) = dictionary_table(&DataType::Int32);
-    let options = DurableOptions {
-        memory_budget: 64 << 10,
-        compaction: Compaction::Manual,
-        max_deltas: 2,
-        merge_deltas: 2,
-        ..DurableOptions::default()
-    };
-    let store = DurableStore::open_with(dir.path(), RealIo::shared(), options.clone()).unwrap();
-    let desc = store.create_table(desc).unwrap();
-    let mut table = store
-        .table("t", VnodeBitmap::full(desc.vnode_count()))
-        .unwrap();
+    let options = small_options(Compaction::Manual, 2, 2);
+    let (store, mut table) = open_table(dir.path(), &options, desc);
     let mut step = |epoch: u64| {
         let batch = dictionary_batch(&schema, epoch as i64, 100, (100, 7));
         table.write(&StreamChunk::inserts(batch)).unwrap();

@@ -398,6 +398,10 @@ pub struct RemoteFile {
     /// Its last modification, in nanoseconds since the epoch.
     modified_ns: i128,
     url: PathBuf,
+    /// The last window of bytes a small `get_bytes` fetched (its start, its bytes): the
+    /// column chunks of small row groups (a replay's output files) lie side by side, and one
+    /// GET of [`READ_AHEAD`] serves the next ones too.
+    window: Arc<Mutex<Option<(u64, Bytes)>>>,
 }
 
 /// Bytes a `get_read` fetches at a time (Parquet's sync reader reads the footer and page
@@ -437,6 +441,7 @@ pub fn open(path: &Path) -> Result<DataFile> {
         size: meta.size,
         modified_ns: i128::from(meta.last_modified.timestamp_nanos_opt().unwrap_or(0)),
         url: path.to_path_buf(),
+        window: Arc::default(),
     }))
 }
 
@@ -531,9 +536,37 @@ impl ChunkReader for DataFile {
                         remote.size
                     )));
                 }
-                remote.range(start, end)
+                remote.bytes(start, end)
             }
         }
+    }
+}
+
+impl RemoteFile {
+    /// Bytes `start..end`: from the last window when it holds them; a small range fetches
+    /// a new window of [`READ_AHEAD`] bytes from `start`; a large one is fetched as it is.
+    fn bytes(&self, start: u64, end: u64) -> parquet::errors::Result<Bytes> {
+        let cached = |window: &Option<(u64, Bytes)>| {
+            window.as_ref().and_then(|(at, bytes)| {
+                (start >= *at && end <= at + bytes.len() as u64)
+                    .then(|| bytes.slice((start - at) as usize..(end - at) as usize))
+            })
+        };
+        if let Ok(window) = self.window.lock()
+            && let Some(bytes) = cached(&window)
+        {
+            return Ok(bytes);
+        }
+        if end - start >= READ_AHEAD / 4 {
+            return self.range(start, end);
+        }
+        let window_end = (start + READ_AHEAD).min(self.size);
+        let bytes = self.range(start, window_end)?;
+        let wanted = bytes.slice(..(end - start) as usize);
+        if let Ok(mut window) = self.window.lock() {
+            *window = Some((start, bytes));
+        }
+        Ok(wanted)
     }
 }
 
