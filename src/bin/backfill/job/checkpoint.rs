@@ -347,7 +347,9 @@ impl Checkpoints {
         if let Ok(entries) = std::fs::read_dir(&changes) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
-                if parse_output_name(&name).is_some_and(|n| n.shard == self.shard) {
+                // An interrupted restore's downloads end in `.part`.
+                let name = name.strip_suffix(".part").unwrap_or(&name);
+                if parse_output_name(name).is_some_and(|n| n.shard == self.shard) {
                     std::fs::remove_file(entry.path()).map_err(|e| named(&entry.path(), e))?;
                 }
             }
