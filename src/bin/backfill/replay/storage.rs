@@ -400,7 +400,7 @@ pub struct RemoteFile {
     url: PathBuf,
     /// The last window of bytes a small `get_bytes` fetched (its start, its bytes): the
     /// column chunks of small row groups (a replay's output files) lie side by side, and one
-    /// GET of [`READ_AHEAD`] serves the next ones too.
+    /// GET of [`READ_AHEAD`] serves the next ones too (a file that small, all of them).
     window: Arc<Mutex<Option<(u64, Bytes)>>>,
 }
 
@@ -560,11 +560,14 @@ impl RemoteFile {
         if end - start >= READ_AHEAD / 4 {
             return self.range(start, end);
         }
-        let window_end = (start + READ_AHEAD).min(self.size);
-        let bytes = self.range(start, window_end)?;
-        let wanted = bytes.slice(..(end - start) as usize);
+        // The window ends at the file's end when it can (a file no larger than a window is
+        // fetched whole, once).
+        let window_start = start.min(self.size.saturating_sub(READ_AHEAD));
+        let window_end = (window_start + READ_AHEAD).min(self.size);
+        let bytes = self.range(window_start, window_end)?;
+        let wanted = bytes.slice((start - window_start) as usize..(end - window_start) as usize);
         if let Ok(mut window) = self.window.lock() {
-            *window = Some((start, bytes));
+            *window = Some((window_start, bytes));
         }
         Ok(wanted)
     }
