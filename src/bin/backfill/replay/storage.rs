@@ -404,9 +404,11 @@ pub struct RemoteFile {
     window: Arc<Mutex<Option<(u64, Bytes)>>>,
 }
 
-/// Bytes a `get_read` fetches at a time (Parquet's sync reader reads the footer and page
-/// headers through it; column chunks go through `get_bytes`, one range each).
+/// Bytes of the window a small read fetches (Parquet's sync reader reads page headers
+/// through `get_read`, column chunks through `get_bytes`, one range each).
 const READ_AHEAD: u64 = 4 << 20;
+/// Bytes a `get_read` takes from the window at a time.
+const READ_PIECE: u64 = 64 << 10;
 
 impl RemoteFile {
     fn range(&self, start: u64, end: u64) -> parquet::errors::Result<Bytes> {
@@ -468,7 +470,8 @@ impl Length for DataFile {
     }
 }
 
-/// A `Read` over a remote object from an offset, fetching [`READ_AHEAD`] bytes at a time.
+/// A `Read` over a remote object from an offset, [`READ_PIECE`] bytes at a time from the
+/// file's window.
 pub struct RemoteRead {
     file: RemoteFile,
     position: u64,
@@ -481,10 +484,12 @@ impl Read for RemoteRead {
             if self.position >= self.file.size {
                 return Ok(0);
             }
-            let end = (self.position + READ_AHEAD).min(self.file.size);
+            // Through the file's window: the page headers of neighbouring column chunks
+            // (each read with a `get_read` of its own) come from one GET.
+            let end = (self.position + READ_PIECE).min(self.file.size);
             self.buffer = self
                 .file
-                .range(self.position, end)
+                .bytes(self.position, end)
                 .map_err(std::io::Error::other)?;
             self.position = end;
         }
