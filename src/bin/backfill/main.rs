@@ -302,6 +302,19 @@ enum ShapeArg {
     Composite,
 }
 
+/// The summary's line of a restore from object storage.
+fn restored_line(r: &crate::job::checkpoint::Restored) -> String {
+    format!(
+        "  restored          checkpoint {} (epoch {}) from object storage: {} files, {:.1} MB in \
+         {:.2} s",
+        r.seq,
+        r.committed_epoch.map_or("none".into(), |e| e.to_string()),
+        r.files,
+        r.bytes as f64 / 1e6,
+        r.seconds
+    )
+}
+
 /// The `q` quantile (0 to 1, nearest rank) of `values`; 0 when there are none.
 fn percentile(values: &[f64], q: f64) -> f64 {
     let mut sorted = values.to_vec();
@@ -538,6 +551,9 @@ fn replay(args: ReplayArgs) -> Result<()> {
         if let Some(finish) = finish {
             say!("  certificate       {}", finish.certificate);
         }
+        if let Some(r) = &summary.restored {
+            say!("{}", restored_line(r));
+        }
     } else {
         print_summary(dataset.name(), &summary);
     }
@@ -699,15 +715,7 @@ fn print_summary(name: &str, s: &ReplaySummary) {
         );
     }
     if let Some(r) = &s.restored {
-        say!(
-            "  restored          checkpoint {} (epoch {}) from object storage: {} files, {:.1} MB \
-             in {:.2} s",
-            r.seq,
-            r.committed_epoch.map_or("none".into(), |e| e.to_string()),
-            r.files,
-            r.bytes as f64 / 1e6,
-            r.seconds
-        );
+        say!("{}", restored_line(r));
     }
     if let Some(epoch) = s.resumed_from {
         say!(
