@@ -190,8 +190,13 @@ struct Inner {
     files: HashSet<String>,
     /// The run file objects of the last two checkpoints (the older first).
     named: [HashSet<String>; 2],
-    /// Output files staged in the folder, with their sizes.
+    /// Output files this run staged in the folder, with their sizes.
     staged: HashMap<String, u64>,
+    /// Staged output files found in the folder at the start: an earlier run's, never trusted
+    /// (a killed worker may have staged a file of the same name and size but other bytes
+    /// for a checkpoint it never wrote). Deleted after this run's first checkpoint (the
+    /// latest then: no other checkpoint can name them).
+    leftovers: HashSet<String>,
     /// This part's output files readers see, with their sizes: published by this cache
     /// (their entity tag unchanged since), or read back and found equal to the cache's.
     visible: BTreeMap<String, u64>,
@@ -230,7 +235,7 @@ impl Checkpoints {
             inner.files.insert(format!("files/{}", entry.name));
         }
         for entry in storage::list(&root.join(CHANGES_DIR))?.unwrap_or_default() {
-            inner.staged.insert(entry.name.clone(), entry.size);
+            inner.leftovers.insert(entry.name.clone());
         }
         inner.next_seq = latest.map_or(1, |s| s + 1);
         let this = Self {
@@ -547,9 +552,9 @@ impl Checkpoints {
         let named_now: HashSet<String> = doc.files.iter().map(|f| f.object.clone()).collect();
         inner.named.swap(0, 1);
         inner.named[1] = named_now;
-        // 4. Publish: from the staged object, or, when its object was staged and removed
-        //    by an earlier run (a visible object since changed by something else), from the
-        //    cache's file.
+        // 4. Publish: from the object this run staged, or else from the cache's file (an
+        //    earlier run's checkpoint restored before it was published; a visible object
+        //    since changed by something else).
         let mut tags_changed = false;
         for change in &doc.changes {
             let target = self.out.join(CHANGES_DIR).join(&change.name);
@@ -573,6 +578,11 @@ impl Checkpoints {
             }
             if inner.staged.remove(&change.name).is_some() {
                 storage::delete(&self.root.join(CHANGES_DIR).join(&change.name))?;
+            }
+        }
+        for name in std::mem::take(&mut inner.leftovers) {
+            if !inner.staged.contains_key(&name) {
+                storage::delete(&self.root.join(CHANGES_DIR).join(&name))?;
             }
         }
         let named_changes: HashSet<&str> = doc.changes.iter().map(|c| c.name.as_str()).collect();

@@ -474,6 +474,7 @@ pub async fn run_replay_until(
     local.image_slot = Some(slot.clone());
     let syncing = remote::RemoteOut::claim(&url, &cache, options.shard, checkpoints, slot)?.start();
     let failed = syncing.failed();
+    let upload_failed = failed.clone();
     let stop = async move {
         let mut interrupted = std::pin::pin!(interrupted);
         loop {
@@ -493,9 +494,13 @@ pub async fn run_replay_until(
     let uploads = tokio::task::spawn_blocking(move || syncing.finish())
         .await
         .map_err(|e| internal!("the upload's last round failed: {e}"))?;
-    // An upload's error first: the run's own (an interruption it caused) follows from it.
-    let uploads = uploads?;
-    let mut summary = result?;
+    // A round that failed during the run stopped it: its error first. Otherwise the run's
+    // own error, then the last round's.
+    let (mut summary, uploads) = match (result, uploads) {
+        (_, Err(e)) if upload_failed.load(std::sync::atomic::Ordering::Relaxed) => return Err(e),
+        (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+        (Ok(summary), Ok(uploads)) => (summary, uploads),
+    };
     summary.uploaded_files = Some(uploads.published);
     summary.uploads = Some(uploads);
     summary.restored = restored;
