@@ -58,7 +58,8 @@ if [ "$mode" = bench ]; then
     rm -rf lo sh "cache-$i"
     t "a$i local:" "$B" replay l1 --out lo --progress none > "bench-a-local-$i.log" 2>&1
     t "a$i s3:   " "$B" replay l1 --out "s3://bench$i/out" --cache "cache-$i" --progress none > "bench-a-s3-$i.log" 2>&1
-    grep -h "checkpoints  \|published" "bench-a-s3-$i.log"
+    grep -h "commit latency" "bench-a-local-$i.log" | sed 's/^/  local: /'
+    grep -h "commit latency\|checkpoints  \|published" "bench-a-s3-$i.log" | sed 's/^/  s3:    /'
     if [ "$i" = 1 ]; then
       t "verify local:" "$B" verify l1 lo > bench-v-local.log 2>&1
       t "verify s3:   " "$B" verify l1 s3://bench1/out > bench-v-s3.log 2>&1

@@ -738,6 +738,15 @@ fn print_summary(name: &str, s: &ReplaySummary) {
             s.out.display()
         );
     }
+    if !s.commit_latencies.is_empty() {
+        say!(
+            "  commit latency    p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms  (barrier to published \
+             file, per checkpoint)",
+            percentile(&s.commit_latencies, 0.5) * 1e3,
+            percentile(&s.commit_latencies, 0.99) * 1e3,
+            percentile(&s.commit_latencies, 1.0) * 1e3
+        );
+    }
     if let Some(u) = &s.uploads {
         say!(
             "  checkpoints       {:>12}  uploaded ({:.1} MB; upload to commit p50 {:.0} ms, \

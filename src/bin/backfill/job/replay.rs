@@ -338,6 +338,9 @@ pub struct ReplaySummary {
     /// For a job that had finished before this run: what its output's job record says of
     /// its end (the dataset epoch and the certificate).
     pub finish_record: Option<FinishRecord>,
+    /// Per checkpoint this run committed, seconds from its barrier to its output file's
+    /// publication in the (local) output: the commit's latency.
+    pub commit_latencies: Vec<f64>,
     /// For an output on object storage: the output files this run published.
     pub uploaded_files: Option<u64>,
     /// For an output on object storage: what this run's checkpoint uploads did.
@@ -1303,6 +1306,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             last_epoch: self.last_epoch,
             finish_record: None,
             uploaded_files: None,
+            commit_latencies: Vec::new(),
             uploads: None,
             restored: None,
             shard: match self.options.shard {
@@ -1513,6 +1517,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         summary.upstream_changes = done.changes;
         summary.output_rows = sink.rows_published();
         summary.output_files = sink.files_published();
+        summary.commit_latencies = sink.commit_latencies().to_vec();
         summary.epochs = done.epochs;
         summary.checkpoints = done.checkpoints;
         {

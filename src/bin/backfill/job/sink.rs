@@ -567,6 +567,9 @@ pub struct ParquetSink {
     pending: bool,
     rows_published: Arc<std::sync::atomic::AtomicU64>,
     files_published: u64,
+    /// Per checkpoint, seconds from its `prepare` (the barrier reached the sink) to its
+    /// publication: the local commit's latency.
+    commit_latencies: Vec<f64>,
     /// The job checkpoint the sink was opened at (its recovery is done by then).
     committed: Option<u64>,
     /// The digest of every file this sink published, when it digests (see
@@ -663,6 +666,7 @@ impl ParquetSink {
             pending: false,
             rows_published: Arc::default(),
             files_published: 0,
+            commit_latencies: Vec::new(),
             committed,
             published_digest: None,
             recovery: Recovery {
@@ -775,6 +779,11 @@ impl ParquetSink {
         self.files_published
     }
 
+    /// Per checkpoint this sink committed, seconds from its barrier to its publication.
+    pub fn commit_latencies(&self) -> &[f64] {
+        &self.commit_latencies
+    }
+
     /// The directory the files go to.
     #[cfg(test)]
     pub fn dir(&self) -> &Path {
@@ -807,14 +816,18 @@ impl ExactlyOnceSink for ParquetSink {
         Ok(CheckpointFile {
             preparing: self.start_prepare(epoch).map_err(Error::into_engine)?,
             prepared: None,
+            started: std::time::Instant::now(),
         })
     }
 
     fn committed(&mut self, _epoch: u64, file: CheckpointFile) -> EngineResult<()> {
-        match file.prepared {
+        let published = match file.prepared {
             Some(prepared) => self.published(prepared).map_err(Error::into_engine),
             None => Ok(()),
-        }
+        };
+        self.commit_latencies
+            .push(file.started.elapsed().as_secs_f64());
+        published
     }
 }
 
@@ -824,6 +837,8 @@ impl ExactlyOnceSink for ParquetSink {
 pub struct CheckpointFile {
     preparing: Option<Preparing>,
     prepared: Option<Prepared>,
+    /// When its barrier reached the sink.
+    started: std::time::Instant,
 }
 
 impl PreparedCheckpoint for CheckpointFile {
