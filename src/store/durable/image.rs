@@ -22,7 +22,8 @@
 //!
 //! A restore interrupted at any point leaves `RESTORING`: the next [`restore`] starts over
 //! (it removes what the unfinished one wrote), and `DurableStore::open` refuses the directory
-//! until then, naming the marker. A directory holding a store is never restored over.
+//! until then, naming the marker. A directory holding a store is restored over only when
+//! asked (`replace`); only the store's own names are ever removed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -178,7 +179,9 @@ pub fn manifest_files(manifest: &[u8], what: &Path, dir: &Path) -> Result<Vec<Im
 }
 
 /// Restores the image whose manifest is `manifest` into `dir`, which must not hold a store
-/// (an unfinished restore's leftovers are removed first). `fetch(file, to)` writes the
+/// unless `replace` (then its files go, once the marker is durable: a crash leaves an
+/// unfinished restore, never a mix); an unfinished restore's leftovers are removed first.
+/// Only the store's own names are removed: other files in `dir` stay. `fetch(file, to)` writes the
 /// bytes of `file` (found by its name; its `path` is where it goes in `dir`) to the path
 /// `to`; each is checked against the manifest's size. `what`
 /// names the manifest's origin in errors. Open the store afterwards with
@@ -188,6 +191,7 @@ pub fn restore(
     dir: &Path,
     manifest: &[u8],
     what: &Path,
+    replace: bool,
     mut fetch: impl FnMut(&ImageFile, &Path) -> Result<()>,
 ) -> Result<()> {
     let decoded = Manifest::decode(manifest, what)?;
@@ -195,7 +199,7 @@ pub fn restore(
     let _lock = super::DirLock::acquire(dir)?;
     let marker = dir.join(RESTORING_FILE);
     let names = io.list(dir)?;
-    let unfinished = names.iter().any(|n| n == RESTORING_FILE);
+    let unfinished = replace || names.iter().any(|n| n == RESTORING_FILE);
     if !unfinished && names.iter().any(|n| n == MANIFEST_FILE) {
         return Err(Error::CorruptState {
             context: dir.display().to_string(),

@@ -382,28 +382,45 @@ fn an_image_restores_its_committed_state_anywhere() {
     let what = std::path::Path::new("memory://bucket/manifest");
     // Interrupted after its first file: refused by open, then restored again.
     let mut fetched = 0;
-    let error = restore(&RealIo, &target, image.manifest(), what, |file, to| {
-        fetched += 1;
-        if fetched == 2 {
-            return Err(crate::error::Error::Internal("connection lost".into()));
-        }
-        copy(file, to)
-    })
+    let error = restore(
+        &RealIo,
+        &target,
+        image.manifest(),
+        what,
+        false,
+        |file, to| {
+            fetched += 1;
+            if fetched == 2 {
+                return Err(crate::error::Error::Internal("connection lost".into()));
+            }
+            copy(file, to)
+        },
+    )
     .unwrap_err();
     assert!(error.to_string().contains("connection lost"), "{error}");
     let refused = DurableStore::open_with(&target, RealIo::shared(), options.clone()).unwrap_err();
     assert!(refused.to_string().contains(RESTORING_FILE), "{refused}");
-    restore(&RealIo, &target, image.manifest(), what, copy).unwrap();
+    restore(&RealIo, &target, image.manifest(), what, false, copy).unwrap();
     let restored = DurableStore::open_with(&target, RealIo::shared(), options.clone()).unwrap();
     assert_eq!(restored.committed_epoch().unwrap(), Some(3));
     assert_eq!(restored.meta("job.at").unwrap().as_deref(), Some("3"));
     assert_eq!(all_rows(&restored, 3), expected);
     drop(restored);
     // A store is never restored over; a file of the wrong size is refused.
-    let again = restore(&RealIo, &target, image.manifest(), what, copy).unwrap_err();
+    let again = restore(&RealIo, &target, image.manifest(), what, false, copy).unwrap_err();
     assert!(again.to_string().contains("holds a store"), "{again}");
+    // Asked to replace it, the restore removes only the store's own files.
+    std::fs::write(target.join("notes.txt"), b"not the store's").unwrap();
+    restore(&RealIo, &target, image.manifest(), what, true, copy).unwrap();
+    assert_eq!(
+        std::fs::read(target.join("notes.txt")).unwrap(),
+        b"not the store's"
+    );
+    let replaced = DurableStore::open_with(&target, RealIo::shared(), options.clone()).unwrap();
+    assert_eq!(all_rows(&replaced, 3), expected);
+    drop(replaced);
     let short = elsewhere.path().join("short");
-    let error = restore(&RealIo, &short, image.manifest(), what, |_, to| {
+    let error = restore(&RealIo, &short, image.manifest(), what, false, |_, to| {
         std::fs::write(to, b"short").map_err(Into::into)
     })
     .unwrap_err();

@@ -344,10 +344,8 @@ impl Checkpoints {
         let started = Instant::now();
         let doc = self.read_doc(seq)?;
         let io = RealIo;
-        // The cache's state and this part's output files are replaced.
-        if self.state.exists() {
-            std::fs::remove_dir_all(&self.state).map_err(|e| named(&self.state, e))?;
-        }
+        // The cache's state (its store's files only: `--state` may name a directory that
+        // holds others) and this part's output files are replaced.
         let changes = self.cache.join(CHANGES_DIR);
         if let Ok(entries) = std::fs::read_dir(&changes) {
             for entry in entries.flatten() {
@@ -371,31 +369,38 @@ impl Checkpoints {
         let mut bytes = 0;
         // The tool's error of a failed download, told instead of the store's.
         let mut failed: Option<Error> = None;
-        let restored = durable::restore(&io, &self.state, &manifest, &manifest_path, |file, to| {
-            let fetched = (objects.get(file.name.as_str()))
-                .ok_or_else(|| {
-                    Error::dataset(
-                        self.root.join(checkpoint_name(seq)),
-                        "",
-                        format!("names no object for the state's file {}", file.name),
-                    )
-                })
-                .and_then(|entry| {
-                    let object = self.root.join(&entry.object);
-                    storage::get_file(&object, to)?.ok_or_else(|| missing_object(&object, seq))
-                });
-            match fetched {
-                Ok(size) => {
-                    bytes += size;
-                    Ok(())
+        let restored = durable::restore(
+            &io,
+            &self.state,
+            &manifest,
+            &manifest_path,
+            true,
+            |file, to| {
+                let fetched = (objects.get(file.name.as_str()))
+                    .ok_or_else(|| {
+                        Error::dataset(
+                            self.root.join(checkpoint_name(seq)),
+                            "",
+                            format!("names no object for the state's file {}", file.name),
+                        )
+                    })
+                    .and_then(|entry| {
+                        let object = self.root.join(&entry.object);
+                        storage::get_file(&object, to)?.ok_or_else(|| missing_object(&object, seq))
+                    });
+                match fetched {
+                    Ok(size) => {
+                        bytes += size;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let message = e.to_string();
+                        failed = Some(e);
+                        Err(arrangement_backfill::Error::Internal(message))
+                    }
                 }
-                Err(e) => {
-                    let message = e.to_string();
-                    failed = Some(e);
-                    Err(arrangement_backfill::Error::Internal(message))
-                }
-            }
-        });
+            },
+        );
         if let Err(e) = restored {
             return Err(failed.take().unwrap_or_else(|| e.into()));
         }
@@ -931,6 +936,43 @@ mod tests {
             assert_eq!(restore_elsewhere(&bucket), (Some(3), names(1..=3)));
             fault += 1;
         }
+    }
+
+    /// A cache older than the bucket (its last checkpoint number lower) is restored over:
+    /// only its store's files and its part's output files go; other files stay.
+    #[test]
+    fn an_older_cache_is_restored_over_keeping_what_is_not_the_stores() {
+        let bucket = "ck-older";
+        storage::register_memory_store(bucket, Arc::new(InMemory::new()));
+        let mut cache = Cache::new();
+        cache.commit(1);
+        cache.commit(2);
+        cache
+            .checkpoints(bucket)
+            .round(&cache.store.image().unwrap())
+            .unwrap();
+        let Cache { dir, store, table } = cache;
+        drop((table, store));
+        let state = dir.path().join("state");
+        std::fs::write(state.join("notes.txt"), b"mine").unwrap();
+        std::fs::write(dir.path().join(CHANGES_DIR).join("notes.txt"), b"mine").unwrap();
+        write_seq(dir.path(), 0).unwrap();
+        let out = PathBuf::from(format!("memory://{bucket}/out"));
+        let (_, restored) = Checkpoints::prepare(
+            &out,
+            &default_root(&out, None),
+            dir.path(),
+            &state,
+            None,
+            false,
+        )
+        .unwrap();
+        assert_eq!(restored.map(|r| r.committed_epoch), Some(Some(2)));
+        assert_eq!(std::fs::read(state.join("notes.txt")).unwrap(), b"mine");
+        let changes = dir.path().join(CHANGES_DIR);
+        assert_eq!(std::fs::read(changes.join("notes.txt")).unwrap(), b"mine");
+        let store = DurableStore::open(&state).unwrap();
+        assert_eq!(store.committed_epoch().unwrap(), Some(2));
     }
 
     /// A checkpoint number another worker wrote first: the round stops with a state
