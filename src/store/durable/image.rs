@@ -37,6 +37,9 @@ use super::{DurableStore, Shared};
 use crate::error::{Error, Result};
 use crate::store::io::StorageIo;
 
+/// What changes whenever a store's image would: its committed epoch, its next file id.
+pub type StoreStamp = (Option<u64>, u64);
+
 /// The marker of a restore under way (see the module docs).
 pub const RESTORING_FILE: &str = "RESTORING";
 
@@ -124,35 +127,55 @@ impl DurableStore {
     }
 }
 
+impl ImageSource {
+    /// A stamp of the store's committed state that changes whenever an image would (a
+    /// commit, a load step, a compaction: each makes a file or moves the epoch), read
+    /// without the manifest lock; `None` once the store is closed.
+    pub fn stamp(&self) -> Result<Option<StoreStamp>> {
+        let Some(shared) = self.0.upgrade() else {
+            return Ok(None);
+        };
+        let committed = shared.read()?.committed;
+        let next_file_id = shared
+            .next_file_id
+            .load(std::sync::atomic::Ordering::SeqCst);
+        Ok(Some((committed, next_file_id)))
+    }
+}
+
 fn image_of(shared: &Shared) -> Result<StoreImage> {
     // Commits and compaction installs change the committed state under the manifest lock:
-    // under it, the state in memory is exactly the committed one.
-    let _m = shared.lock_manifest()?;
-    let generation = shared.lock_log()?.generation;
-    let state = shared.read()?;
-    state.check_ok()?;
-    let next_file_id = shared
-        .next_file_id
-        .load(std::sync::atomic::Ordering::SeqCst);
-    let mut manifest = state.manifest(next_file_id)?;
-    manifest.log_generation = generation;
-    let mut files = Vec::with_capacity(manifest.files.len());
-    let mut pins = Vec::with_capacity(manifest.files.len());
-    for entry in &manifest.files {
-        let file = state.files.files.get(&entry.id).ok_or_else(|| {
-            Error::Internal(format!(
-                "the committed state names unknown file {}",
-                entry.id
-            ))
-        })?;
-        files.push(ImageFile {
-            name: manifest::run_file_name(entry.id),
-            path: Manifest::file_path(&shared.dir, entry.id),
-            size: entry.size,
-            tail_crc: entry.tail_crc,
-        });
-        pins.push(file.clone());
-    }
+    // under it, the state in memory is exactly the committed one. The manifest is encoded
+    // once the lock is let go: commits never wait for the encoding.
+    let (manifest, files, pins) = {
+        let _m = shared.lock_manifest()?;
+        let generation = shared.lock_log()?.generation;
+        let state = shared.read()?;
+        state.check_ok()?;
+        let next_file_id = shared
+            .next_file_id
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let mut manifest = state.manifest(next_file_id)?;
+        manifest.log_generation = generation;
+        let mut files = Vec::with_capacity(manifest.files.len());
+        let mut pins = Vec::with_capacity(manifest.files.len());
+        for entry in &manifest.files {
+            let file = state.files.files.get(&entry.id).ok_or_else(|| {
+                Error::Internal(format!(
+                    "the committed state names unknown file {}",
+                    entry.id
+                ))
+            })?;
+            files.push(ImageFile {
+                name: manifest::run_file_name(entry.id),
+                path: Manifest::file_path(&shared.dir, entry.id),
+                size: entry.size,
+                tail_crc: entry.tail_crc,
+            });
+            pins.push(file.clone());
+        }
+        (manifest, files, pins)
+    };
     Ok(StoreImage {
         committed_epoch: manifest.committed_epoch,
         meta: manifest.meta.clone(),

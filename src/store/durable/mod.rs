@@ -80,7 +80,7 @@ mod version;
 mod tests;
 
 pub use self::image::{
-    ImageFile, ImageSource, RESTORING_FILE, StoreImage, manifest_files, restore,
+    ImageFile, ImageSource, RESTORING_FILE, StoreImage, StoreStamp, manifest_files, restore,
 };
 pub use self::lock::{DirLock, LOCK_FILE};
 pub use self::open::{committed_meta, destroy};

@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::job::checkpoint::{Checkpoints, Uploads};
 use crate::job::shard::Shard;
 use crate::replay::storage::{self, Put};
-use crate::store::durable::ImageSource;
+use crate::store::durable::{ImageSource, StoreStamp};
 
 /// The claim's object name under the output URL (`_`: readers' globs skip it).
 pub const WRITER_OBJECT: &str = "_backfill-writer.json";
@@ -55,6 +55,9 @@ pub struct RemoteOut {
     checkpoints: Arc<Checkpoints>,
     /// Where the replay puts its store's image source once the store is open.
     source: ImageSlot,
+    /// The store's stamp at the last round's image ([`ImageSource::stamp`]): a round
+    /// whose stamp is the same takes no image.
+    stamp: Arc<Mutex<Option<StoreStamp>>>,
 }
 
 /// Where a replay leaves its durable store's [`ImageSource`] for the upload thread.
@@ -167,15 +170,28 @@ impl RemoteOut {
         Ok(Self {
             checkpoints: Arc::new(checkpoints),
             source,
+            stamp: Arc::default(),
         })
     }
 
     /// One round: a checkpoint of the store's committed state, if it holds anything new
     /// (nothing while no store is open).
     fn round(&self) -> Result<()> {
-        let source = self.source_now()?;
-        match source.map(|s| s.image()).transpose()?.flatten() {
-            Some(image) => self.checkpoints.round(&image),
+        let Some(source) = self.source_now()? else {
+            return Ok(());
+        };
+        let stamp = source.stamp()?;
+        let mut last = (self.stamp.lock())
+            .map_err(|_| Error::config("the store's stamp is poisoned".into()))?;
+        if stamp.is_none() || *last == stamp {
+            return Ok(());
+        }
+        match source.image()? {
+            Some(image) => {
+                self.checkpoints.round(&image)?;
+                *last = stamp;
+                Ok(())
+            }
             None => Ok(()),
         }
     }
