@@ -128,8 +128,8 @@ pub fn write_writer_id(cache: &Path, id: &str) -> Result<()> {
 
 impl RemoteOut {
     /// Claims the part `shard` of `url` for the writer of `cache` (see the module docs), or
-    /// refuses naming the writer that holds it. An output holding another layout's parts
-    /// (unsharded and sharded, or shards of another N) is refused first.
+    /// refuses naming the writer that holds it. The caller has refused an output holding
+    /// another layout's parts (`output::check_layout`) before the checkpoints' restore.
     pub fn claim(
         url: &Path,
         cache: &Path,
@@ -137,7 +137,6 @@ impl RemoteOut {
         checkpoints: Checkpoints,
         source: ImageSlot,
     ) -> Result<Self> {
-        crate::job::output::check_layout(url, shard)?;
         let id = writer_id(cache)?;
         let claim_path = url.join(claim_object(shard));
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
