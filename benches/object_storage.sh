@@ -139,7 +139,7 @@ with e as (select {cols}, sum(n) n from (
     union all select {cols}, case when _op in (1, 4) then 1 else -1 end from read_parquet({chg}))
   group by all having sum(n) <> 0),
 g as (select {cols}, sum(case when _op in (1, 4) then 1 else -1 end) n from out_t
-  group by all having sum(n) <> 0)
+  group by all having sum(case when _op in (1, 4) then 1 else -1 end) <> 0)
 select (select count(*) from (select * from e except all select * from g)), (select count(*) from (select * from g except all select * from e)),
        (select sum(n) from e), (select sum(n) from g)""").fetchall())
 PY
