@@ -180,6 +180,13 @@ pub fn replay_fn<'py>(
     dict.set_item("elapsed_s", summary.elapsed.as_secs_f64())?;
     dict.set_item("load_s", summary.load_time.as_secs_f64())?;
     dict.set_item("load_resumed_at", summary.load_resumed_at)?;
+    dict.set_item(
+        "validation_resumed_at",
+        match summary.validation_start {
+            Some(job::replay::ValidationStart::Resumed(row)) => Some(row),
+            _ => None,
+        },
+    )?;
     dict.set_item("resumed_from", summary.resumed_from)?;
     dict.set_item("changes_already_applied", summary.changes_already_applied)?;
     dict.set_item("already_finished", summary.already_finished)?;

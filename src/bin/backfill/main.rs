@@ -23,7 +23,8 @@ mod tool_tests;
 use crate::error::Result;
 use crate::job::replay::{
     DEFAULT_BATCH_SIZE, Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint,
-    STATE_DIR, StateChoice, default_out_dir, default_parallelism, run_replay_until,
+    STATE_DIR, StateChoice, ValidationStart, default_out_dir, default_parallelism,
+    run_replay_until,
 };
 use crate::job::shard::Shard;
 use crate::job::{Certificate, certify_output};
@@ -706,6 +707,17 @@ fn print_summary(name: &str, s: &ReplaySummary) {
             thousands(rows),
             thousands(s.snapshot_rows)
         );
+        match s.validation_start {
+            Some(ValidationStart::Resumed(rows)) => say!(
+                "  validation resumed at {} of {} snapshot rows (its checkpoint in that step)",
+                thousands(rows),
+                thousands(s.snapshot_rows)
+            ),
+            Some(ValidationStart::FromStart) => {
+                say!("  validation started over (no usable checkpoint of it was committed)")
+            }
+            Some(ValidationStart::Recorded) | None => {}
+        }
     }
     if let Some((shard, range)) = &s.shard {
         say!(

@@ -103,6 +103,7 @@ impl TableDigest {
         let (batch, hashes, ops) = match rows {
             Observed::Snapshot(batch, hashes) => (batch, hashes, None),
             Observed::Changes(batch, ops, hashes) => (batch, hashes, Some(ops)),
+            Observed::Checkpoint(_) | Observed::Resumed(_) => return Ok(()),
         };
         let hashes = match hashes {
             Some(hashes) => Cow::Borrowed(hashes),

@@ -30,6 +30,9 @@
 //!   counts and the digest of the table it ends with), with the next step or the load's
 //!   final commit: a run that resumes on the same input (its identity unchanged) does not
 //!   validate it again;
+//! - `replay.validation_checkpoint`: until then, the last checkpoint of the validation
+//!   beside the load (its files in `STATE/validation/`, `validation.rs`), with each step: a
+//!   run that resumes the load resumes the validation there too;
 //!
 //! and the library's load record (`upstream.<table>.load`: the rows the committed steps
 //! hold, complete once the load's final commit made the snapshot epoch). A run killed during
@@ -66,7 +69,7 @@ use crate::error::{EngineError, Error, Result, internal};
 use crate::job::output::{self, FileRecord, FinishRecord, JobRecord, META_JOB_ID, Place};
 use crate::job::shard::{Shard, ShardFilter};
 use crate::job::sink::ParquetSink;
-use crate::job::validation::{NewDirs, Validation};
+use crate::job::validation::{CheckpointDir, NewDirs, Validation, checkpoint_dir};
 use crate::job::{
     BackfillJob, Certificate, Change, JobControl, JobOptions, JobProgress, LoadProgress,
     SealedLoad, TableDigest, TableLoader,
@@ -121,12 +124,26 @@ const META_FORMAT: &str = "replay.format";
 const STATE_FORMAT: &str = "2";
 /// The outcome of the dataset's validation, once it passed (see the module docs).
 const META_VALIDATED: &str = "replay.validated";
+/// The last checkpoint of a validation beside the load (see the module docs).
+const META_VALIDATION_CHECKPOINT: &str = "replay.validation_checkpoint";
 /// The name the replay's backfill runs under in its state ([`BackfillJob`]).
 const JOB_NAME: &str = "replay";
 /// How often the replay reports its progress.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 /// The output directory a state's job writes (resolved when the job began), for messages.
 const META_OUT: &str = "replay.out";
+
+/// How the validation of a run that resumed a load began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValidationStart {
+    /// It had passed before the stop: its outcome was in the state.
+    Recorded,
+    /// At this snapshot row, from the checkpoint the load's last step committed.
+    Resumed(u64),
+    /// From the start (no checkpoint of it was committed, or its files were not as
+    /// recorded).
+    FromStart,
+}
 
 /// Where a replay keeps its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,6 +328,8 @@ pub struct ReplaySummary {
     /// When this run resumed a snapshot load a killed run had begun: the snapshot rows its
     /// committed steps held (not loaded again).
     pub load_resumed_at: Option<u64>,
+    /// How this run's validation began (`None`: it did not run, or ran before anything).
+    pub validation_start: Option<ValidationStart>,
     /// The output directory.
     pub out: PathBuf,
     /// The committed epoch this run resumed from, if it resumed.
@@ -561,11 +580,26 @@ async fn run_replay_local(
     };
     let desc = Arc::new(dataset.table_desc(options.vnodes)?);
     let mut interrupted = std::pin::pin!(interrupted);
+    // (Before the validation, which may make `STATE/validation`.)
+    let state_is_new = match &options.state {
+        StateChoice::Durable(dir) => !options.io.exists(dir)?,
+        StateChoice::Memory => false,
+    };
     let found = match (&new_dirs, &options.state) {
         (None, StateChoice::Durable(dir)) if !options.fresh => {
             peek_state(dataset, &desc, options.shard, options.io.as_ref(), dir)
         }
         _ => Found::default(),
+    };
+    // A validation beside the load of a durable state keeps checkpoints, and resumes the
+    // one a stopped load's last step committed (see `validation.rs`).
+    let checkpoints = |resume: Option<String>| match &options.state {
+        StateChoice::Durable(dir) => Some(CheckpointDir {
+            dir: checkpoint_dir(dir),
+            resume,
+            every_rows: load_step_rows(options, &desc),
+        }),
+        StateChoice::Memory => None,
     };
     let mut validation = match (new_dirs.as_ref(), found) {
         (
@@ -575,16 +609,27 @@ async fn run_replay_local(
                 ..
             },
         ) => recorded,
+        (Some(_), _) => Validation::beside(
+            dataset,
+            desc.clone(),
+            options.scratch.clone(),
+            checkpoints(None),
+        )?,
         // A load of this job under way has nothing to lose either: the table is never
         // backfilled before the validation passed (the load's final commit waits for it).
-        (Some(_), _)
-        | (
+        (
             None,
             Found {
                 load_under_way: true,
+                checkpoint,
                 ..
             },
-        ) => Validation::beside(dataset, desc, options.scratch.clone())?,
+        ) => Validation::beside(
+            dataset,
+            desc.clone(),
+            options.scratch.clone(),
+            checkpoints(checkpoint),
+        )?,
         (None, _) => {
             // Existing directories have something to lose: nothing is touched before the
             // dataset is known good. A signal meanwhile stops the run at once.
@@ -601,7 +646,15 @@ async fn run_replay_local(
             validation
         }
     };
-    let result = run_validated(dataset, options, &mut validation, on_progress, interrupted).await;
+    let result = run_validated(
+        dataset,
+        options,
+        state_is_new,
+        &mut validation,
+        on_progress,
+        interrupted,
+    )
+    .await;
     if result.is_err()
         && validation.failed()
         && let Some(new_dirs) = new_dirs
@@ -621,6 +674,8 @@ struct Found {
     validated: Option<Validation>,
     /// A snapshot load under way (steps committed, not complete).
     load_under_way: bool,
+    /// The last checkpoint of the validation beside that load.
+    checkpoint: Option<String>,
 }
 
 fn peek_state(
@@ -644,6 +699,7 @@ fn peek_state(
                 .get(META_VALIDATED)
                 .and_then(|v| Validation::recorded(v)),
             load_under_way: load.is_some_and(|l| !l.complete),
+            checkpoint: meta.get(META_VALIDATION_CHECKPOINT).cloned(),
         })
     };
     peek().unwrap_or_default()
@@ -654,6 +710,7 @@ fn peek_state(
 async fn run_validated(
     dataset: &Dataset,
     options: &ReplayOptions,
+    state_is_new: bool,
     validation: &mut Validation,
     on_progress: impl FnMut(&ReplayProgress),
     interrupted: impl Future<Output = Interrupt>,
@@ -668,7 +725,7 @@ async fn run_validated(
             job.run(validation, on_progress, interrupted).await
         }
         StateChoice::Durable(dir) => {
-            if !io.exists(dir)? {
+            if state_is_new {
                 // A new state: refuse another job's output before creating it.
                 check_claim(
                     options,
@@ -687,6 +744,10 @@ async fn run_validated(
                 drop(store);
                 durable::destroy(io.as_ref(), dir)?;
                 store = DurableStore::open_with(dir, io.clone(), options.durable.clone())?;
+            }
+            if store.meta(META_VALIDATED)?.is_some() {
+                // Left by a run stopped right after the load's commit.
+                remove_checkpoints(dir);
             }
             if let Some(slot) = &options.image_slot {
                 let mut slot =
@@ -1018,6 +1079,11 @@ impl<'a, S: StateStore> Job<'a, S> {
                     store.stage_meta(META_VALIDATED, outcome)?;
                     validated = true;
                 }
+                if !validated
+                    && let Some(checkpoint) = Validation::take_checkpoint(&step.checkpoint)
+                {
+                    store.stage_meta(META_VALIDATION_CHECKPOINT, &checkpoint)?;
+                }
                 loader.commit_step()?;
             }
         }
@@ -1254,12 +1320,9 @@ impl<'a, S: StateStore> Job<'a, S> {
         let out_record = JobRecord::read(io.as_ref(), &self.options.out, self.options.shard)?;
         match record {
             None if resumed_load.is_some() => {
-                // A load a killed run began: its dataset was validated (or the validation
-                // kept in the state); its output holds this job's record and no file.
-                let dataset = validation.finish()?;
-                self.snapshot_rows = dataset.snapshot_rows;
-                self.last_epoch = dataset.last_epoch.unwrap_or(0);
-                self.expected = validation.expected_digest().cloned();
+                // A load a killed run began: its output holds this job's record and no
+                // file. Its validation goes on beside the load (resumed from the checkpoint
+                // the load's last step committed), which nothing is backfilled before.
                 self.check_tie(out_record.as_ref())?;
             }
             Some((epoch, _, _)) => {
@@ -1299,6 +1362,7 @@ impl<'a, S: StateStore> Job<'a, S> {
             elapsed: Duration::ZERO,
             load_time: Duration::ZERO,
             load_resumed_at: resumed_load.map(|p| p.rows),
+            validation_start: None,
             out: self.options.out.clone(),
             resumed_from: record.map(|(epoch, _, _)| epoch),
             changes_already_applied: record.map_or(0, |(_, applied, _)| applied),
@@ -1362,13 +1426,11 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let steps = LoadSteps {
                     rows: match &self.options.state {
                         StateChoice::Memory => u64::MAX,
-                        StateChoice::Durable(_) => self.options.load_step_rows.unwrap_or(
-                            LOAD_STEP_ROWS.max(256 * self.desc.vnode_count().get() as u64),
-                        ),
-                    }
-                    .max(1),
+                        StateChoice::Durable(_) => load_step_rows(self.options, &self.desc),
+                    },
                     resume: resumed_load,
                     validated: validation.outcome(),
+                    checkpoint: validation.checkpoints(),
                 };
                 let stop = Arc::new(AtomicBool::new(false));
                 let loading = tokio::task::spawn_blocking({
@@ -1406,6 +1468,17 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let committed = loader.commit()?;
                 if committed.epoch != SNAPSHOT_EPOCH {
                     return Err(internal!("the load committed epoch {}", committed.epoch));
+                }
+                if resumed_load.is_some() {
+                    summary.validation_start = Some(match validation.resumed_at() {
+                        _ if validation.was_recorded() => ValidationStart::Recorded,
+                        Some(row) => ValidationStart::Resumed(row),
+                        None => ValidationStart::FromStart,
+                    });
+                }
+                // The validation's outcome is committed: its checkpoints are of no more use.
+                if let StateChoice::Durable(dir) = &self.options.state {
+                    remove_checkpoints(dir);
                 }
                 // Merge the load's sorted pieces into one run per vnode before the backfill
                 // starts: its scans then read one source per vnode, not one per piece. (The
@@ -1576,12 +1649,27 @@ impl<'a, S: StateStore> Job<'a, S> {
 
 /// How [`Job::load`] commits its steps.
 struct LoadSteps {
+    /// Where the validation beside the load publishes its checkpoints, which a step commits.
+    checkpoint: Arc<std::sync::Mutex<Option<String>>>,
     /// Rows per step (`u64::MAX`: none, the in-memory store's load).
     rows: u64,
     /// The load to resume: what its committed steps hold.
     resume: Option<LoadProgress>,
     /// The validation's outcome once it passed, committed with the next step.
     validated: Arc<std::sync::OnceLock<String>>,
+}
+
+/// Snapshot rows per load step of a durable state (see [`LOAD_STEP_ROWS`]).
+fn load_step_rows(options: &ReplayOptions, desc: &TableDesc) -> u64 {
+    (options.load_step_rows)
+        .unwrap_or(LOAD_STEP_ROWS.max(256 * desc.vnode_count().get() as u64))
+        .max(1)
+}
+
+/// Removes the validation's checkpoints of the state in `dir` (best effort: what is left
+/// is removed by the next validation that keeps checkpoints there).
+fn remove_checkpoints(dir: &Path) {
+    let _ = std::fs::remove_dir_all(checkpoint_dir(dir));
 }
 
 /// Aborts a task when dropped.

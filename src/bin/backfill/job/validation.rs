@@ -13,15 +13,31 @@
 //! with a snapshot load step or the load's final commit, beside the job's identity, which
 //! names every input file's size, time and footer checksum): a run that resumes on the same
 //! input takes it from there ([`Validation::recorded`]) instead of reading the dataset again.
+//!
+//! A validation beside the load of a durable state also keeps its progress with the load's
+//! steps ([`CheckpointDir`]): every load step's worth of snapshot rows, while the snapshot
+//! comes in key order, it makes what it did durable (the snapshot rows it sorts, written in
+//! key order in `STATE/validation/`, and the digest so far) and hands the record to the
+//! load ([`Validation::checkpoints`]), which commits it with its next step. A run killed
+//! during the load resumes both: the load after its last step, the validation after the
+//! checkpoint that step committed ([`CheckpointDir::resume`]), so a kill costs the rows of
+//! both since that step. Each validation writes its files under a name of its own (a
+//! *lineage*, which a resumed one keeps); a resume checks each file's size and CRC-32 and,
+//! if one is not as recorded, validates from the start. The directory is removed once the
+//! validation's outcome is committed.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::error::{Result, internal};
 use crate::job::certificate::TableDigest;
 use crate::replay::prefetch::tee;
-use crate::replay::{Dataset, DatasetSummary, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
+use crate::replay::{
+    Checkpoints, Dataset, DatasetSummary, Observed, RunPlace, SNAPSHOT_CHUNK_ROWS, SnapshotFeed,
+    ValidationCheckpoint,
+};
+use crate::store::durable::{DirLock, LOCK_FILE};
 use crate::table::TableDesc;
 
 /// A dataset's validation: done, or running on its own thread.
@@ -37,6 +53,12 @@ pub(crate) struct Validation {
     snapshot_feed: Option<SnapshotFeed>,
     /// The outcome of a validation that passed, encoded for the state ([`Self::outcome`]).
     outcome: Arc<OnceLock<String>>,
+    /// The last durable checkpoint, encoded for the state ([`Self::checkpoints`]).
+    checkpoint: Arc<Mutex<Option<String>>>,
+    /// The snapshot row a resumed validation started at.
+    resumed_at: Arc<OnceLock<u64>>,
+    /// Made by [`Self::recorded`].
+    recorded: bool,
 }
 
 /// Batches the snapshot reader decodes ahead of the slower of its two consumers.
@@ -106,6 +128,142 @@ fn validate(
     Ok((summary, digest))
 }
 
+/// Where a validation beside the load keeps its checkpoints (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointDir {
+    /// `STATE/validation`.
+    pub dir: PathBuf,
+    /// The checkpoint record a stopped run's load step committed, to resume from.
+    pub resume: Option<String>,
+    /// Snapshot rows between checkpoints.
+    pub every_rows: u64,
+}
+
+/// The directory of a state's validation checkpoints.
+pub(crate) fn checkpoint_dir(state: &Path) -> PathBuf {
+    state.join("validation")
+}
+
+/// A checkpoint as the state keeps it: the pass's own, and the digest of the rows before it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckpointRecord {
+    /// The name of the validation's files (see the module docs).
+    lineage: String,
+    checkpoint: ValidationCheckpoint,
+    digest: TableDigest,
+}
+
+/// Checkpoints for the validation's thread: its files' name and place (their directory
+/// locked for the pass, other files in it removed), and where it resumes. `None` (no
+/// checkpoints) if another process holds the directory or it cannot be made.
+fn prepare_checkpoints(at: &CheckpointDir) -> Option<(DirLock, Checkpoints, Option<TableDigest>)> {
+    std::fs::create_dir_all(&at.dir).ok()?;
+    let lock = DirLock::acquire(&at.dir).ok()?;
+    let record: Option<CheckpointRecord> =
+        (at.resume.as_deref()).and_then(|v| serde_json::from_str(v).ok());
+    let (lineage, resume, digest) = match record {
+        Some(r) if valid_lineage(&r.lineage) => (r.lineage, Some(r.checkpoint), Some(r.digest)),
+        _ => (new_lineage(), None, None),
+    };
+    let keep: Vec<&str> = match &resume {
+        Some(c) => (c.sort.segments.iter().flatten())
+            .map(|s| s.name.as_str())
+            .collect(),
+        None => Vec::new(),
+    };
+    // What no checkpoint to resume names: a killed run's later files, another lineage's.
+    for entry in std::fs::read_dir(&at.dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name != LOCK_FILE && !keep.contains(&name.as_ref()) {
+            std::fs::remove_file(entry.path()).ok()?;
+        }
+    }
+    let checkpoints = Checkpoints {
+        place: RunPlace {
+            dir: at.dir.clone(),
+            prefix: format!("validate-{lineage}"),
+        },
+        every_rows: at.every_rows.max(1),
+        resume,
+    };
+    Some((lock, checkpoints, digest))
+}
+
+/// A new lineage: 16 hex digits, from the clock and the process.
+fn new_lineage() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = hashbrown::DefaultHashBuilder::default().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    format!("{:016x}", hasher.finish())
+}
+
+/// Whether `lineage` is one [`new_lineage`] could have made (a record's name is used in
+/// file names).
+fn valid_lineage(lineage: &str) -> bool {
+    lineage.len() == 16 && lineage.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// [`validate`] with checkpoints in `at` (see the module docs), each published into
+/// `published` once durable; the snapshot comes from `snapshot` (only when not resuming)
+/// if given. The row it resumed at goes into `resumed_at`.
+fn validate_checkpointed(
+    dataset: &Dataset,
+    desc: &TableDesc,
+    scratch: &Path,
+    snapshot: Option<SnapshotFeed>,
+    at: &CheckpointDir,
+    published: &Mutex<Option<String>>,
+    resumed_at: &OnceLock<u64>,
+) -> Result<Validated> {
+    let Some((_lock, checkpoints, recorded_digest)) = prepare_checkpoints(at) else {
+        return validate(dataset, desc, scratch, snapshot);
+    };
+    let lineage = checkpoints
+        .place
+        .prefix
+        .trim_start_matches("validate-")
+        .to_string();
+    let mut digest = TableDigest::new(desc.vnode_count());
+    let mut observe = |rows: Observed<'_>| -> Result<()> {
+        match rows {
+            Observed::Resumed(from) => {
+                let _ = resumed_at.set(from.snapshot_rows);
+                digest = (recorded_digest.clone())
+                    .ok_or_else(|| internal!("a validation resumed without its digest"))?;
+                Ok(())
+            }
+            Observed::Checkpoint(checkpoint) => {
+                let record = CheckpointRecord {
+                    lineage: lineage.clone(),
+                    checkpoint: checkpoint.clone(),
+                    digest: digest.clone(),
+                };
+                let value = serde_json::to_string(&record)
+                    .map_err(|e| internal!("a validation checkpoint's record: {e}"))?;
+                *published
+                    .lock()
+                    .map_err(|_| internal!("the validation's checkpoint slot is poisoned"))? =
+                    Some(value);
+                Ok(())
+            }
+            rows => digest.observe(desc, rows),
+        }
+    };
+    let summary = match snapshot {
+        Some(feed) if checkpoints.resume.is_none() => {
+            dataset.validate_checkpointed(scratch, Some(feed), &checkpoints, &mut observe)?
+        }
+        _ => dataset.validate_checkpointed(scratch, None, &checkpoints, &mut observe)?,
+    };
+    Ok((summary, digest))
+}
+
 impl Validation {
     /// Validates `dataset` now, on this thread; `desc` is the job's table.
     #[cfg(test)]
@@ -120,6 +278,9 @@ impl Validation {
             failed: false,
             snapshot_feed: None,
             outcome: Arc::default(),
+            checkpoint: Arc::default(),
+            resumed_at: Arc::default(),
+            recorded: false,
         })
     }
 
@@ -133,6 +294,9 @@ impl Validation {
             failed: false,
             snapshot_feed: None,
             outcome: Arc::new(OnceLock::from(value.to_string())),
+            checkpoint: Arc::default(),
+            resumed_at: Arc::default(),
+            recorded: true,
         })
     }
 
@@ -162,6 +326,9 @@ impl Validation {
             failed: false,
             snapshot_feed: None,
             outcome,
+            checkpoint: Arc::default(),
+            resumed_at: Arc::default(),
+            recorded: false,
         })
     }
 
@@ -170,34 +337,89 @@ impl Validation {
     /// ([`Self::take_snapshot_feed`]), the load, in the batches the validation takes its rows
     /// in (so that a batch the reader cannot decode holds back no rows the validation would
     /// have checked before it). It spills under `scratch`.
-    pub fn beside(dataset: &Dataset, desc: Arc<TableDesc>, scratch: PathBuf) -> Result<Self> {
-        // A batch is shared (its buffers' handles cloned); an error goes to the validation,
-        // which reports it naming file and row, and ends the load's feed too.
-        let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
-            Ok(batch) => (Ok(batch.clone()), Ok(batch)),
-            Err(e) => {
-                let stop = internal!("the snapshot read failed (the validation says why): {e}");
-                (Err(e), Err(stop))
-            }
+    ///
+    /// With `checkpoints`, it keeps its progress there and resumes from the checkpoint given
+    /// (see the module docs); a resumed one reads the snapshot from there itself, and gives
+    /// the load no feed.
+    pub fn beside(
+        dataset: &Dataset,
+        desc: Arc<TableDesc>,
+        scratch: PathBuf,
+        checkpoints: Option<CheckpointDir>,
+    ) -> Result<Self> {
+        let resuming = checkpoints.as_ref().is_some_and(|c| c.resume.is_some());
+        let (for_validation, for_load) = if resuming {
+            (None, None)
+        } else {
+            // A batch is shared (its buffers' handles cloned); an error goes to the
+            // validation, which reports it naming file and row, and ends the load's feed too.
+            let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
+                Ok(batch) => (Ok(batch.clone()), Ok(batch)),
+                Err(e) => {
+                    let stop = internal!("the snapshot read failed (the validation says why): {e}");
+                    (Err(e), Err(stop))
+                }
+            };
+            let batches = dataset.read_snapshot_files(SNAPSHOT_CHUNK_ROWS);
+            let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
+            let for_validation: SnapshotFeed = Box::new(for_validation);
+            let for_load: SnapshotFeed = Box::new(for_load);
+            (Some(for_validation), Some(for_load))
         };
-        let batches = dataset.read_snapshot_files(SNAPSHOT_CHUNK_ROWS);
-        let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
         let dataset = dataset.clone();
         let outcome: Arc<OnceLock<String>> = Arc::default();
-        let cell = outcome.clone();
+        let checkpoint: Arc<Mutex<Option<String>>> = Arc::default();
+        let resumed_at: Arc<OnceLock<u64>> = Arc::default();
+        let (cell, published, resumed) = (outcome.clone(), checkpoint.clone(), resumed_at.clone());
         let thread = std::thread::Builder::new()
             .name("backfill-validate".into())
             .spawn(move || {
-                let feed: SnapshotFeed = Box::new(for_validation);
-                validate_keeping(&dataset, &desc, &scratch, Some(feed), &cell)
+                let validated = match &checkpoints {
+                    Some(at) => validate_checkpointed(
+                        &dataset,
+                        &desc,
+                        &scratch,
+                        for_validation,
+                        at,
+                        &published,
+                        &resumed,
+                    )?,
+                    None => validate(&dataset, &desc, &scratch, for_validation)?,
+                };
+                let _ = cell.set(encode(&validated)?);
+                Ok(validated)
             })
             .map_err(|e| internal!("cannot start the validation thread: {e}"))?;
         Ok(Self {
             state: State::Running(thread),
             failed: false,
-            snapshot_feed: Some(Box::new(for_load)),
+            snapshot_feed: for_load,
             outcome,
+            checkpoint,
+            resumed_at,
+            recorded: false,
         })
+    }
+
+    /// The last checkpoint the validation made durable, encoded for the state, once (a load
+    /// step commits it; see the module docs): `None` if there is none since the last call.
+    pub fn take_checkpoint(slot: &Mutex<Option<String>>) -> Option<String> {
+        slot.lock().ok().and_then(|mut v| v.take())
+    }
+
+    /// Where the validation's checkpoints appear ([`Self::take_checkpoint`]).
+    pub fn checkpoints(&self) -> Arc<Mutex<Option<String>>> {
+        self.checkpoint.clone()
+    }
+
+    /// Whether this is the outcome a state recorded ([`Self::recorded`]).
+    pub fn was_recorded(&self) -> bool {
+        self.recorded
+    }
+
+    /// The snapshot row a validation resumed from a checkpoint started at, once it did.
+    pub fn resumed_at(&self) -> Option<u64> {
+        self.resumed_at.get().copied()
     }
 
     /// The snapshot's batches as the running validation reads them (once): the load reads
@@ -317,7 +539,8 @@ mod tests {
                 let mut first = Validation::first(&data, &desc).unwrap();
                 first.finish().unwrap();
                 assert_eq!(first.expected_digest(), Some(&expected), "seed {seed}");
-                let mut beside = Validation::beside(&data, desc, std::env::temp_dir()).unwrap();
+                let mut beside =
+                    Validation::beside(&data, desc, std::env::temp_dir(), None).unwrap();
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
@@ -342,7 +565,7 @@ mod tests {
         let dir = dataset(MANIFEST, &snapshot, &changes);
         let data = Dataset::open(dir.path()).unwrap();
         let desc = Arc::new(data.table_desc(VnodeCount::DEFAULT).unwrap());
-        let mut beside = Validation::beside(&data, desc, std::env::temp_dir()).unwrap();
+        let mut beside = Validation::beside(&data, desc, std::env::temp_dir(), None).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
         assert!(beside.outcome().get().is_none(), "no outcome kept");

@@ -66,6 +66,7 @@ use super::apply::describe_row;
 use super::changelog::{ChangelogRows, RowLocation};
 use super::extsort::{ExternalSorter, SortConfig, SortedBatch, SortedStream};
 use super::files;
+use super::ordered_run::{OrderedRun, Segment};
 use super::touched::KeyFilter;
 use crate::chunk::Op;
 use crate::error::{Error, Result, internal};
@@ -190,10 +191,30 @@ pub(crate) struct KeyedChanges {
     keys_hashable: bool,
     /// Snapshot rows left out of the sort (see the module docs).
     skip: Skip,
+    /// While snapshot rows are left out of the sort: the rows it keeps, in key order, one
+    /// run a partition (see the module docs, "A snapshot in key order").
+    snapshot_runs: Vec<OrderedRun>,
     /// Rows given to the sorters.
     rows_sorted: u64,
     files: FileIndex,
     next_seq: u64,
+}
+
+/// Where [`KeyedChanges`] writes the runs of a snapshot in key order: `dir`, files named
+/// `{prefix}-p{partition}-NNNNNN.arrow`.
+#[derive(Debug, Clone)]
+pub(crate) struct RunPlace {
+    pub dir: PathBuf,
+    pub prefix: String,
+}
+
+/// What [`KeyedChanges::checkpoint`] records: the rows pushed so far, durable.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SortCheckpoint {
+    /// The rows pushed (snapshot rows, all of them numbered, most left out).
+    pub next_seq: u64,
+    /// The segments of each partition's run of the snapshot rows kept.
+    pub segments: Vec<Vec<Segment>>,
 }
 
 /// Whether snapshot rows are left out of the sort (module docs, "A snapshot in key order").
@@ -284,6 +305,7 @@ impl KeyedChanges {
             sorters,
             keys_hashable: hashable,
             skip: Skip::Off,
+            snapshot_runs: Vec::new(),
             rows_sorted: 0,
             files: FileIndex::default(),
             layout,
@@ -295,13 +317,82 @@ impl KeyedChanges {
     /// holds the hash of every key the changelog holds, see [`KeyFilter`]), for as long as
     /// the snapshot comes in strictly increasing key order: see the module docs. Call it
     /// before the first snapshot row; nothing changes if the key columns cannot be hashed.
-    pub fn skip_untouched_snapshot_rows(&mut self, touched: KeyFilter) {
+    /// The rows the sort keeps meanwhile are written, in key order, as one run a partition
+    /// at `place`, which a checkpoint can name ([`Self::checkpoint`]).
+    pub fn skip_untouched_snapshot_rows(&mut self, touched: KeyFilter, place: &RunPlace) {
         if self.keys_hashable && self.next_seq == 0 {
             self.skip = Skip::Untouched {
                 touched,
                 last_key: None,
             };
+            self.snapshot_runs = (0..self.sorters.len())
+                .map(|p| {
+                    let prefix = format!("{}-p{p}", place.prefix);
+                    OrderedRun::create(&place.dir, &prefix, self.sorters[p].schema().clone())
+                })
+                .collect();
         }
+    }
+
+    /// Durably records the rows pushed so far, while snapshot rows are left out of the sort
+    /// (otherwise `None`: rows went to the sort, which keeps no checkpoint): the run of each
+    /// partition is closed and synced up to here.
+    pub fn checkpoint(&mut self) -> Result<Option<SortCheckpoint>> {
+        if !matches!(self.skip, Skip::Untouched { .. }) || self.snapshot_runs.is_empty() {
+            return Ok(None);
+        }
+        let segments = (self.snapshot_runs.iter_mut())
+            .map(|run| Ok(run.close_segment()?.to_vec()))
+            .collect::<Result<_>>()?;
+        Ok(Some(SortCheckpoint {
+            next_seq: self.next_seq,
+            segments,
+        }))
+    }
+
+    /// Resumes from `checkpoint` (made by a run of the same dataset with the same
+    /// `touched` and `place`): the rows it recorded are pushed, those of the snapshot files
+    /// `files` (each with the sequence its first row has), the last of them `last_row` (the
+    /// snapshot's row before sequence `checkpoint.next_seq`; `None` if there is none).
+    /// `Ok(false)`, nothing changed, if a recorded segment is not as recorded or the
+    /// partitions differ: the caller starts over.
+    pub fn resume(
+        &mut self,
+        touched: KeyFilter,
+        place: &RunPlace,
+        checkpoint: SortCheckpoint,
+        files: &[(PathBuf, u64)],
+        last_row: Option<&RecordBatch>,
+    ) -> Result<bool> {
+        if !self.keys_hashable
+            || self.next_seq != 0
+            || checkpoint.segments.len() != self.sorters.len()
+        {
+            return Ok(false);
+        }
+        let mut runs = Vec::with_capacity(self.sorters.len());
+        for (p, segments) in checkpoint.segments.into_iter().enumerate() {
+            let prefix = format!("{}-p{p}", place.prefix);
+            let schema = self.sorters[p].schema().clone();
+            match OrderedRun::resume(&place.dir, &prefix, schema, segments)? {
+                Some(run) => runs.push(run),
+                None => return Ok(false),
+            }
+        }
+        let last_key = match last_row {
+            Some(row) if row.num_rows() > 0 => {
+                let keys = self.pk.encode(row)?;
+                Some(keys.value(keys.len() - 1).to_vec())
+            }
+            _ => None,
+        };
+        for (path, first_seq) in files {
+            self.files.note(path, true, 0, *first_seq);
+        }
+        self.snapshot_runs = runs;
+        self.skip = Skip::Untouched { touched, last_key };
+        self.next_seq = checkpoint.next_seq;
+        Ok(true)
     }
 
     /// Snapshot rows left out of the sort before this sequence must be sorted after all:
@@ -493,13 +584,28 @@ impl KeyedChanges {
                         rows[part].push(row);
                     }
                 }
+                // Snapshot rows in key order go to their partition's run as they are.
+                let runs = match keep {
+                    Keep::Touched(_) if self.snapshot_runs.len() == sorters.len() => {
+                        Some(&mut self.snapshot_runs)
+                    }
+                    _ => None,
+                };
+                let mut runs = runs.map(|r| r.iter_mut());
                 for (sorter, rows) in sorters.iter_mut().zip(rows) {
                     self.rows_sorted += rows.len() as u64;
-                    if rows.len() as u64 == n {
-                        sorter.push(sorted.clone())?;
+                    let part = if rows.len() as u64 == n {
+                        sorted.clone()
                     } else if !rows.is_empty() {
                         let rows = UInt32Array::from(rows);
-                        sorter.push(arrow_select::take::take_record_batch(&sorted, &rows)?)?;
+                        arrow_select::take::take_record_batch(&sorted, &rows)?
+                    } else {
+                        sorted.slice(0, 0)
+                    };
+                    match runs.as_mut().and_then(|r| r.next()) {
+                        Some(run) => run.push(part)?,
+                        None if part.num_rows() > 0 => sorter.push(part)?,
+                        None => {}
                     }
                 }
             }
@@ -528,13 +634,17 @@ impl KeyedChanges {
             layout,
             files,
             sorters,
+            snapshot_runs,
             ..
         } = self;
+        let mut runs = snapshot_runs.into_iter();
         sorters
             .into_iter()
             .map(|sorter| {
+                // The snapshot's run holds each of its keys' first rows.
+                let leading = runs.next().map(OrderedRun::into_run).transpose()?.flatten();
                 Ok(KeyFold {
-                    stream: sorter.finish()?,
+                    stream: sorter.finish_after(leading)?,
                     pk: pk.clone(),
                     all_columns: all_columns(&layout.table)?,
                     layout: layout.clone(),
@@ -912,6 +1022,14 @@ mod tests {
     }
 
     /// Hashed rows of the testing table keyed by `k`, sorted in `partitions` with `budget`.
+    /// The runs of a snapshot in key order in `dir`.
+    fn place(dir: &Path) -> RunPlace {
+        RunPlace {
+            dir: dir.to_path_buf(),
+            prefix: "snapshot".into(),
+        }
+    }
+
     fn hashed_rows(dir: &Path, budget: usize, partitions: usize) -> KeyedChanges {
         let table = crate::replay::testing::schema();
         let pk = PrimaryKey::new(&table, vec![crate::key::KeyColumn::asc("k")]).unwrap();
@@ -948,7 +1066,7 @@ mod tests {
         for partitions in [1, 3] {
             let dir = tempfile::tempdir().unwrap();
             let mut rows = hashed_rows(dir.path(), 4 << 10, partitions);
-            rows.skip_untouched_snapshot_rows(key_filter(&[2, 7]));
+            rows.skip_untouched_snapshot_rows(key_filter(&[2, 7]), &place(dir.path()));
             let first = crate::replay::testing::rows("1 a\n2 b\n3 c");
             let second = crate::replay::testing::rows("4 d\n7 e\n9 f");
             rows.push_snapshot(Path::new("s0"), 0, &first)
@@ -987,7 +1105,7 @@ mod tests {
     fn a_broken_key_order_sorts_the_rows_left_out_first() {
         let dir = tempfile::tempdir().unwrap();
         let mut rows = hashed_rows(dir.path(), 1 << 20, 2);
-        rows.skip_untouched_snapshot_rows(key_filter(&[2]));
+        rows.skip_untouched_snapshot_rows(key_filter(&[2]), &place(dir.path()));
         let first = crate::replay::testing::rows("1 a\n2 b\n3 c");
         let second = crate::replay::testing::rows("4 d\n3 z");
         rows.push_snapshot(Path::new("s0"), 0, &first)

@@ -227,6 +227,16 @@ impl Dataset {
         self.snapshot_reader(batch_size, 0)
     }
 
+    /// [`Dataset::read_snapshot_files`] from row `skip` of the snapshot on (as
+    /// [`Dataset::read_snapshot_from`]).
+    pub(crate) fn read_snapshot_files_from(
+        &self,
+        batch_size: usize,
+        skip: u64,
+    ) -> impl Iterator<Item = Result<(usize, RecordBatch)>> + Send + 'static {
+        self.snapshot_reader(batch_size, skip)
+    }
+
     /// [`Dataset::read_snapshot`] from row `skip` of the snapshot on (in file order): whole
     /// files before it are not opened beyond their footers, and the rows before it in its
     /// file are skipped by the Parquet reader (a resumed load).

@@ -154,10 +154,35 @@ pub(crate) struct SortedBatch {
 
 /// A sorted run on disk.
 #[derive(Debug)]
-struct Run {
-    path: PathBuf,
-    /// Rows per batch in the file (the last may have fewer).
+pub(crate) struct Run {
+    /// The run's files, read one after the other (one, except for an
+    /// [`OrderedRun`](super::ordered_run::OrderedRun)'s segments).
+    paths: Vec<PathBuf>,
+    /// Rows per batch in the files (the last of each may have fewer).
     batch_rows: usize,
+    /// The sort deletes the files once read (it made them); otherwise they are left.
+    owned: bool,
+}
+
+impl Run {
+    /// A run the sort made, in one file it deletes once read.
+    fn new(path: PathBuf, batch_rows: usize) -> Self {
+        Self {
+            paths: vec![path],
+            batch_rows,
+            owned: true,
+        }
+    }
+
+    /// A run made elsewhere, its rows in key order in `paths` one after the other (batches
+    /// of about `batch_rows`); the sort leaves the files in place.
+    pub(crate) fn segments(paths: Vec<PathBuf>, batch_rows: usize) -> Self {
+        Self {
+            paths,
+            batch_rows,
+            owned: false,
+        }
+    }
 }
 
 /// The sorter. See the module docs.
@@ -302,9 +327,16 @@ impl ExternalSorter {
     }
 
     /// All rows pushed, sorted.
-    pub fn finish(mut self) -> Result<SortedStream> {
+    #[cfg(test)]
+    pub fn finish(self) -> Result<SortedStream> {
+        self.finish_after(None)
+    }
+
+    /// All rows pushed and those of `leading` (a run whose rows come before every row
+    /// pushed that has the same key), sorted.
+    pub fn finish_after(mut self, leading: Option<Run>) -> Result<SortedStream> {
         self.join_in_flight()?;
-        if self.runs.is_empty() && self.open.is_none() {
+        if leading.is_none() && self.runs.is_empty() && self.open.is_none() {
             let (batches, batch_rows) = self.take_buffer();
             return Ok(SortedStream::Memory(MemorySorted::new(
                 &self.key, batches, batch_rows,
@@ -329,7 +361,8 @@ impl ExternalSorter {
         if let Some(open) = self.open.take() {
             self.runs.push(open.close(&self.spilled)?);
         }
-        let mut runs = std::mem::take(&mut self.runs);
+        // Ties go to the earlier run: the leading one first.
+        let mut runs: Vec<Run> = leading.into_iter().chain(self.runs.drain(..)).collect();
         let fan_in = self.config.fan_in.max(2);
         while runs.len() > fan_in {
             let mut merged = Vec::with_capacity(runs.len().div_ceil(fan_in));
@@ -486,7 +519,7 @@ fn spill(
             writer.write(&gather(&batches, chunk)?)?;
         }
         spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
-        closed.push(Run { path, batch_rows });
+        closed.push(Run::new(path, batch_rows));
         return Ok((closed, None));
     }
     let mut open = match open {
@@ -497,7 +530,7 @@ fn spill(
             }
             OpenRun {
                 writer: RunWriter::create(&path, schema)?,
-                run: Run { path, batch_rows },
+                run: Run::new(path, batch_rows),
                 last_key: Vec::new(),
             }
         }
@@ -564,7 +597,7 @@ fn merge_to_run(
         writer.write(&sorted.batch)?;
     }
     spilled.fetch_add(writer.finish()?, Ordering::Relaxed);
-    Ok(Run { path, batch_rows })
+    Ok(Run::new(path, batch_rows))
 }
 
 /// An IPC stream file being written; errors name the file.
@@ -677,7 +710,12 @@ impl MemorySorted {
 
 /// One run being merged: its reader and its current batch.
 struct MergeInput {
+    /// The file being read.
     path: PathBuf,
+    /// The run's files still to read, after `path`.
+    next_paths: std::collections::VecDeque<PathBuf>,
+    /// Whether the run's files are deleted once read.
+    owned: bool,
     reader: Option<StreamReader<BufReader<File>>>,
     /// The current batch (`None` once the run is exhausted) and the next row in it.
     head: Option<SortedBatch>,
@@ -687,17 +725,25 @@ struct MergeInput {
 }
 
 impl MergeInput {
-    fn open(path: PathBuf) -> Result<Self> {
-        let file = File::open(&path).map_err(|e| Error::scratch(&path, e))?;
-        let reader = StreamReader::try_new(BufReader::new(file), None)
-            .map_err(|e| Error::scratch(&path, e))?;
+    fn open(run: Run) -> Result<Self> {
+        let mut paths: std::collections::VecDeque<PathBuf> = run.paths.into();
+        let path = paths
+            .pop_front()
+            .ok_or_else(|| internal!("a sort run of no file"))?;
         Ok(Self {
+            reader: Some(Self::reader(&path)?),
             path,
-            reader: Some(reader),
+            next_paths: paths,
+            owned: run.owned,
             head: None,
             pos: 0,
             source: 0,
         })
+    }
+
+    fn reader(path: &Path) -> Result<StreamReader<BufReader<File>>> {
+        let file = File::open(path).map_err(|e| Error::scratch(path, e))?;
+        StreamReader::try_new(BufReader::new(file), None).map_err(|e| Error::scratch(path, e))
     }
 
     /// Loads the next non-empty batch into `head`, or ends the run (deleting its file).
@@ -716,7 +762,14 @@ impl MergeInput {
                 }
                 None => {
                     self.reader = None;
-                    std::fs::remove_file(&self.path).map_err(|e| Error::scratch(&self.path, e))?;
+                    if self.owned {
+                        std::fs::remove_file(&self.path)
+                            .map_err(|e| Error::scratch(&self.path, e))?;
+                    }
+                    if let Some(next) = self.next_paths.pop_front() {
+                        self.reader = Some(Self::reader(&next)?);
+                        self.path = next;
+                    }
                 }
             }
         }
@@ -775,7 +828,7 @@ impl Merge {
         let mut inputs = Vec::with_capacity(runs.len());
         let mut sources = Vec::new();
         for run in runs {
-            let mut input = MergeInput::open(run.path)?;
+            let mut input = MergeInput::open(run)?;
             input.advance(key)?;
             if let Some(head) = &input.head {
                 input.source = sources.len();

@@ -29,6 +29,7 @@ mod generate;
 mod manifest;
 #[cfg(test)]
 mod model;
+mod ordered_run;
 pub(crate) mod prefetch;
 mod scratch;
 pub(crate) mod storage;
@@ -38,11 +39,14 @@ mod touched;
 mod validate;
 mod verify;
 
+pub(crate) use by_key::RunPlace;
 pub use dataset::{Dataset, DatasetSummary};
 pub use extsort::ExternalSortOptions;
 pub use generate::{GenKind, GenOptions, SyntheticShape, generate};
 pub use scratch::remove_all_scratch;
-pub(crate) use validate::{Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed};
+pub(crate) use validate::{
+    Checkpoints, Observed, SNAPSHOT_CHUNK_ROWS, SnapshotFeed, ValidationCheckpoint,
+};
 #[cfg(test)]
 pub use verify::verify;
 pub use verify::{VerifyReport, verify_with};

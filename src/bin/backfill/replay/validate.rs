@@ -27,12 +27,12 @@
 //! Memory is bounded by [`ExternalSortOptions::memory_budget`], whatever the table's size;
 //! the sort spills to [`ExternalSortOptions::scratch_dir`].
 
-use super::by_key::{KeyedChanges, Payload, first_violation_of};
+use super::by_key::{KeyedChanges, Payload, RunPlace, SortCheckpoint, first_violation_of};
 use super::dataset::{Dataset, DatasetSummary};
 use super::extsort::{ExternalSortOptions, SortConfig};
 use super::files;
 use super::prefetch::Prefetch;
-use super::touched::changed_keys;
+use super::touched::{KeyFilter, changed_keys};
 use crate::chunk::Op;
 use crate::error::{Error, Result, internal};
 use crate::vnode::VnodeCount;
@@ -83,9 +83,55 @@ impl Dataset {
             self,
             &ExternalSortOptions::new(scratch.to_path_buf()),
             snapshot,
+            None,
             observe,
         )
     }
+
+    /// [`Dataset::validate_observed_from`] with checkpoints (see [`Checkpoints`]): `observe`
+    /// is shown each one ([`Observed::Checkpoint`]) once it is durable, and a pass given one
+    /// to resume from starts there (it says so first, [`Observed::Resumed`], and shows the
+    /// rows after it; it then reads the snapshot itself: no `snapshot` feed).
+    pub(crate) fn validate_checkpointed(
+        &self,
+        scratch: &std::path::Path,
+        snapshot: Option<SnapshotFeed>,
+        checkpoints: &Checkpoints,
+        observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+    ) -> Result<DatasetSummary> {
+        validate_with(
+            self,
+            &ExternalSortOptions::new(scratch.to_path_buf()),
+            snapshot,
+            Some(checkpoints),
+            observe,
+        )
+    }
+}
+
+/// A validation's checkpoints: while the snapshot comes in key order (the rows it sorts
+/// are then written in key order, `ordered_run.rs`), every `every_rows` snapshot rows the
+/// pass makes what it has done durable and shows it ([`Observed::Checkpoint`]); a pass
+/// given `resume` (a checkpoint of the same dataset, the same `place`) starts after it,
+/// or from the start if its files are not as it recorded them.
+#[derive(Debug, Clone)]
+pub(crate) struct Checkpoints {
+    /// Where the snapshot's sorted rows go (a directory that survives the process).
+    pub place: RunPlace,
+    pub every_rows: u64,
+    pub resume: Option<ValidationCheckpoint>,
+}
+
+/// What a validation did up to a point of its snapshot pass, durable (see [`Checkpoints`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ValidationCheckpoint {
+    /// The snapshot rows validated: the pass resumes at this row (in file order).
+    pub snapshot_rows: u64,
+    /// The snapshot files begun, each as (its index in [`Dataset::snapshot_files`], the
+    /// number of its first row in the snapshot).
+    pub files: Vec<(usize, u64)>,
+    /// The rows sorted so far.
+    pub sort: SortCheckpoint,
 }
 
 /// The snapshot's batches in file order, each with the index of its file in
@@ -93,13 +139,19 @@ impl Dataset {
 /// their size); an error ends it.
 pub(crate) type SnapshotFeed = Box<dyn Iterator<Item = Result<(usize, RecordBatch)>> + Send>;
 
-/// Rows the validation read (see [`Dataset::validate_observed`]).
+/// Rows the validation read (see [`Dataset::validate_observed`]), and its checkpoints.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Observed<'a> {
     /// Snapshot rows, with their certificate row hashes if the pass computed them.
     Snapshot(&'a RecordBatch, Option<&'a [u64]>),
     /// Changelog rows, with their ops and their certificate row hashes if computed.
     Changes(&'a RecordBatch, &'a [Op], Option<&'a [u64]>),
+    /// A durable checkpoint ([`Dataset::validate_checkpointed`]), after the rows shown so
+    /// far: a pass resumed from it shows the rows after them.
+    Checkpoint(&'a ValidationCheckpoint),
+    /// The pass resumed from this checkpoint, before any row: what the observer saw up to
+    /// it, it would have seen again.
+    Resumed(&'a ValidationCheckpoint),
 }
 
 /// The partitions of the keys the validation sorts and folds: one a core (at most
@@ -113,11 +165,12 @@ fn fold_partitions() -> usize {
 /// the memory budget, whose runs get smaller with more.
 const MAX_FOLD_PARTITIONS: usize = 4;
 
-/// See [`Dataset::validate_with`].
+/// See [`Dataset::validate_observed_from`] and [`Dataset::validate_checkpointed`].
 fn validate_with(
     dataset: &Dataset,
     options: &ExternalSortOptions,
     snapshot: Option<SnapshotFeed>,
+    checkpoints: Option<&Checkpoints>,
     observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
 ) -> Result<DatasetSummary> {
     let desc = dataset.table_desc(VnodeCount::DEFAULT)?;
@@ -135,19 +188,54 @@ fn validate_with(
     // snapshot comes in key order (`touched.rs`). Their filter takes at most a quarter of
     // the memory budget (16 MiB by default: 64 bits a change row up to 2M change rows,
     // fewer bits up to 16M, no filter beyond).
+    // Their run (and its checkpoints) in the scratch directory unless the caller keeps it.
+    let scratch_place = RunPlace {
+        dir: scratch.path().to_path_buf(),
+        prefix: "validate-snapshot".into(),
+    };
+    let place = checkpoints.map_or(&scratch_place, |c| &c.place);
+    let mut progress = Progress::default();
     if let Some(touched) = changed_keys(dataset, desc.pk(), options.memory_budget / 4) {
-        rows.skip_untouched_snapshot_rows(touched);
+        let resume = checkpoints.and_then(|c| c.resume.as_ref());
+        match resume {
+            Some(from) if resume_from(dataset, &mut rows, &touched, place, from)? => {
+                observe(Observed::Resumed(from))?;
+                progress = Progress {
+                    files: from.files.clone(),
+                    last_checkpoint: from.snapshot_rows,
+                    every: checkpoints.map(|c| c.every_rows),
+                };
+            }
+            _ => {
+                rows.skip_untouched_snapshot_rows(touched, place);
+                progress.every = checkpoints.map(|c| c.every_rows);
+            }
+        }
     }
-    let mut summary = DatasetSummary::default();
+    let start = progress.last_checkpoint;
+    let mut summary = DatasetSummary {
+        snapshot_rows: start,
+        ..DatasetSummary::default()
+    };
     let snapshot = match snapshot {
+        Some(_) if start > 0 => {
+            return Err(internal!("a resumed validation given a snapshot feed"));
+        }
         Some(feed) => feed,
         None => Box::new(Prefetch::new(
             "backfill-validate",
             READ_AHEAD,
-            dataset.read_snapshot_files(BATCH_SIZE),
+            dataset.read_snapshot_files_from(BATCH_SIZE, start),
         )?),
     };
-    let stream_error = read(dataset, snapshot, &mut rows, &mut summary, observe)?;
+    let stream_error = read(
+        dataset,
+        snapshot,
+        &mut rows,
+        &mut summary,
+        &mut progress,
+        observe,
+    )?;
     if let Some(violation) = first_violation_of(rows.finish()?)? {
         return Err(violation);
     }
@@ -157,13 +245,103 @@ fn validate_with(
     }
 }
 
+/// Resumes `rows` from checkpoint `from` (see [`KeyedChanges::resume`]); `Ok(false)` if
+/// it cannot be.
+fn resume_from(
+    dataset: &Dataset,
+    rows: &mut KeyedChanges,
+    touched: &KeyFilter,
+    place: &RunPlace,
+    from: &ValidationCheckpoint,
+) -> Result<bool> {
+    let mut files = Vec::with_capacity(from.files.len());
+    for &(file, first_seq) in &from.files {
+        match dataset.snapshot_files().get(file) {
+            Some(path) => files.push((path.clone(), first_seq)),
+            None => return Ok(false),
+        }
+    }
+    let last_row = match from.snapshot_rows.checked_sub(1) {
+        Some(row) => match dataset.read_snapshot_from(1, row).next() {
+            Some(batch) => Some(batch?),
+            None => return Ok(false),
+        },
+        None => None,
+    };
+    rows.resume(
+        touched.clone(),
+        place,
+        from.sort.clone(),
+        &files,
+        last_row.as_ref(),
+    )
+}
+
+/// Where the snapshot pass is, for its checkpoints.
+#[derive(Debug, Default)]
+struct Progress {
+    /// As [`ValidationCheckpoint::files`].
+    files: Vec<(usize, u64)>,
+    /// The snapshot rows at the last checkpoint (or the one resumed from).
+    last_checkpoint: u64,
+    /// Snapshot rows between checkpoints; `None`: no checkpoints.
+    every: Option<u64>,
+}
+
+impl Progress {
+    /// Notes that snapshot file `file` begins at snapshot row `first_seq`.
+    fn begin_file(&mut self, file: usize, first_seq: u64) {
+        if self.files.last().is_none_or(|&(f, _)| f != file) {
+            self.files.push((file, first_seq));
+        }
+    }
+
+    /// The snapshot's row (within its file) that file `file` resumes at, from snapshot row
+    /// `at`.
+    fn row_in_file(&self, file: usize, at: u64) -> u64 {
+        match self.files.last() {
+            Some(&(f, first)) if f == file => at - first,
+            _ => 0,
+        }
+    }
+
+    /// Makes a checkpoint at `summary.snapshot_rows` (a chunk boundary) if one is due and
+    /// `rows` can.
+    fn maybe_checkpoint(
+        &mut self,
+        rows: &mut KeyedChanges,
+        summary: &DatasetSummary,
+        observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let Some(every) = self.every else {
+            return Ok(());
+        };
+        if summary.snapshot_rows < self.last_checkpoint.saturating_add(every) {
+            return Ok(());
+        }
+        let Some(sort) = rows.checkpoint()? else {
+            // The snapshot's key order broke: no more checkpoints.
+            self.every = None;
+            return Ok(());
+        };
+        self.last_checkpoint = summary.snapshot_rows;
+        observe(Observed::Checkpoint(&ValidationCheckpoint {
+            snapshot_rows: summary.snapshot_rows,
+            files: self.files.clone(),
+            sort,
+        }))
+    }
+}
+
 /// Reads the snapshot and the changelog into `rows`, counting. `Ok(Some(e))`: the data is
 /// bad at `e`, and only the rows before the batch of `e` were added; `Err`: a system error.
+/// The snapshot starts at row `summary.snapshot_rows` (a resumed pass, see `progress`).
 fn read(
     dataset: &Dataset,
     snapshot: SnapshotFeed,
     rows: &mut KeyedChanges,
     summary: &mut DatasetSummary,
+    progress: &mut Progress,
     observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
 ) -> Result<Option<Error>> {
     macro_rules! input {
@@ -176,36 +354,51 @@ fn read(
     }
     // Rows are taken BATCH_SIZE at a time from the start of each file, whatever the batches
     // they come in: which error is met first depends on it (module docs).
-    let mut chunk = Chunk::default();
+    let mut chunk: Option<Chunk> = None;
     for item in snapshot {
         let (file, batch) = match item {
             Ok(item) => item,
             Err(e) => {
                 // What was read before the error comes first. (Read BATCH_SIZE rows a
                 // batch, a chunk left is the end of a file before the one that failed.)
-                input!(chunk.flush(dataset, rows, summary, observe)?);
+                if let Some(chunk) = &mut chunk {
+                    input!(chunk.flush(dataset, rows, summary, observe)?);
+                }
                 return Ok(Some(e));
             }
         };
-        if file != chunk.file {
-            input!(chunk.flush(dataset, rows, summary, observe)?);
-            chunk = Chunk {
-                file,
-                ..Chunk::default()
-            };
-        }
+        let current = match &mut chunk {
+            Some(current) if current.file == file => current,
+            _ => {
+                if let Some(done) = &mut chunk {
+                    input!(done.flush(dataset, rows, summary, observe)?);
+                    progress.maybe_checkpoint(rows, summary, observe)?;
+                }
+                // (A resumed pass may begin within its first file.)
+                let first_row = progress.row_in_file(file, summary.snapshot_rows);
+                progress.begin_file(file, summary.snapshot_rows - first_row);
+                chunk.insert(Chunk {
+                    file,
+                    first_row,
+                    ..Chunk::default()
+                })
+            }
+        };
         let mut offset = 0;
         while offset < batch.num_rows() {
-            let len = (BATCH_SIZE - chunk.rows).min(batch.num_rows() - offset);
-            chunk.pieces.push(batch.slice(offset, len));
-            chunk.rows += len;
+            let len = (BATCH_SIZE - current.rows).min(batch.num_rows() - offset);
+            current.pieces.push(batch.slice(offset, len));
+            current.rows += len;
             offset += len;
-            if chunk.rows == BATCH_SIZE {
-                input!(chunk.flush(dataset, rows, summary, observe)?);
+            if current.rows == BATCH_SIZE {
+                input!(current.flush(dataset, rows, summary, observe)?);
+                progress.maybe_checkpoint(rows, summary, observe)?;
             }
         }
     }
-    input!(chunk.flush(dataset, rows, summary, observe)?);
+    if let Some(chunk) = &mut chunk {
+        input!(chunk.flush(dataset, rows, summary, observe)?);
+    }
     for changes in Prefetch::new(
         "backfill-validate",
         READ_AHEAD,
@@ -617,7 +810,7 @@ mod tests {
                 let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
                 let found = format!(
                     "{:?}",
-                    validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
+                    validate_with(&ds, &options, Some(feed), None, &mut |_| Ok(()))
                 );
                 assert_eq!(found, expected, "fed {batch_rows} rows a batch");
             }
@@ -643,7 +836,7 @@ mod tests {
         let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(BATCH_SIZE));
         let found = format!(
             "{:?}",
-            validate_with(&ds, &options, Some(feed), &mut |_| Ok(()))
+            validate_with(&ds, &options, Some(feed), None, &mut |_| Ok(()))
         );
         assert_eq!(found, expected);
     }
@@ -662,7 +855,10 @@ mod tests {
         let expected = format!("{:?}", validate_in_memory(ds));
         for &budget in budgets {
             let options = ExternalSortOptions::new(scratch).with_memory_budget(budget);
-            let found = format!("{:?}", validate_with(ds, &options, None, &mut |_| Ok(())));
+            let found = format!(
+                "{:?}",
+                validate_with(ds, &options, None, None, &mut |_| Ok(()))
+            );
             assert_eq!(found, expected, "case {case}, budget {budget}");
         }
         for &batch_rows in fed {
@@ -670,7 +866,7 @@ mod tests {
             let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
             let found = format!(
                 "{:?}",
-                validate_with(ds, &options, Some(feed), &mut |_| Ok(()))
+                validate_with(ds, &options, Some(feed), None, &mut |_| Ok(()))
             );
             assert_eq!(
                 found, expected,
@@ -680,60 +876,69 @@ mod tests {
         expected.starts_with("Ok")
     }
 
+    /// A random dataset whose snapshot comes in key order, case `case` of a series: with
+    /// faults one time in four; its order broken at the end (case 1 mod 5) or by a
+    /// duplicate of a key met before (2 mod 5); more than one chunk, its order broken or not
+    /// after [`BATCH_SIZE`] rows (3 mod 5).
+    fn key_ordered_dataset(rng: &mut rand::rngs::StdRng, case: usize) -> tempfile::TempDir {
+        use crate::replay::testing::{log, random_dataset_text, split};
+        use rand::Rng;
+        let key = |line: &str| line.split(' ').next().and_then(|k| k.parse::<i64>().ok());
+        let (snapshot, change_files) = random_dataset_text(rng, case.is_multiple_of(4));
+        let mut lines: Vec<String> = snapshot
+            .iter()
+            .flat_map(|t| t.lines())
+            .map(String::from)
+            .collect();
+        lines.sort_by_key(|line| key(line));
+        match case % 5 {
+            // Order broken at the end, or by a duplicate of a key met before.
+            1 if lines.len() > 2 => {
+                let last = lines.len() - 1;
+                lines.swap(last - 1, last);
+            }
+            2 if !lines.is_empty() => {
+                let again = lines[rng.random_range(0..lines.len())].clone();
+                lines.push(again);
+            }
+            // More than one chunk: the order breaks (or not) after BATCH_SIZE rows.
+            3 => {
+                let base = 1000;
+                let mut long: Vec<String> = (0..BATCH_SIZE as i64 + 50)
+                    .map(|k| format!("{} v", base + k))
+                    .collect();
+                if rng.random_bool(0.5) {
+                    long.push(format!(
+                        "{} dup",
+                        base + rng.random_range(0..BATCH_SIZE as i64)
+                    ));
+                }
+                lines.extend(long);
+            }
+            _ => {}
+        }
+        let snapshot: Vec<_> = split(rng, &lines, 3).iter().map(|t| rows(t)).collect();
+        let snapshot = if snapshot.is_empty() {
+            vec![rows("")]
+        } else {
+            snapshot
+        };
+        let change_files: Vec<_> = change_files.iter().map(|t| log(t)).collect();
+        dataset(MANIFEST, &snapshot, &change_files)
+    }
+
     /// Differential, with snapshots in key order (whose rows no change touches the pass
     /// leaves out of its sort, `touched.rs`): the same errors as the in-memory model, also
     /// when the order breaks late (the rows left out are sorted after all), at a duplicate
     /// key or in a chunk after the first.
     #[test]
     fn snapshots_in_key_order_agree_with_the_in_memory_model() {
-        use crate::replay::testing::{log, random_dataset_text, split};
-        use rand::{Rng, SeedableRng};
+        use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x04de7);
         let scratch = tempfile::tempdir().unwrap();
-        let key = |line: &str| line.split(' ').next().and_then(|k| k.parse::<i64>().ok());
         let mut valid = 0;
         for case in 0..160 {
-            let (snapshot, change_files) = random_dataset_text(&mut rng, case % 4 == 0);
-            let mut lines: Vec<String> = snapshot
-                .iter()
-                .flat_map(|t| t.lines())
-                .map(String::from)
-                .collect();
-            lines.sort_by_key(|line| key(line));
-            match case % 5 {
-                // Order broken at the end, or by a duplicate of a key met before.
-                1 if lines.len() > 2 => {
-                    let last = lines.len() - 1;
-                    lines.swap(last - 1, last);
-                }
-                2 if !lines.is_empty() => {
-                    let again = lines[rng.random_range(0..lines.len())].clone();
-                    lines.push(again);
-                }
-                // More than one chunk: the order breaks (or not) after BATCH_SIZE rows.
-                3 => {
-                    let base = 1000;
-                    let mut long: Vec<String> = (0..BATCH_SIZE as i64 + 50)
-                        .map(|k| format!("{} v", base + k))
-                        .collect();
-                    if rng.random_bool(0.5) {
-                        long.push(format!(
-                            "{} dup",
-                            base + rng.random_range(0..BATCH_SIZE as i64)
-                        ));
-                    }
-                    lines.extend(long);
-                }
-                _ => {}
-            }
-            let snapshot: Vec<_> = split(&mut rng, &lines, 3).iter().map(|t| rows(t)).collect();
-            let snapshot = if snapshot.is_empty() {
-                vec![rows("")]
-            } else {
-                snapshot
-            };
-            let change_files: Vec<_> = change_files.iter().map(|t| log(t)).collect();
-            let dir = dataset(MANIFEST, &snapshot, &change_files);
+            let dir = key_ordered_dataset(&mut rng, case);
             let ds = Dataset::open(dir.path()).unwrap();
             valid += usize::from(agrees_with_the_model(
                 &ds,
@@ -777,5 +982,98 @@ mod tests {
         );
         let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
         assert!(left.is_empty(), "scratch space is cleaned up: {left:?}");
+    }
+
+    /// A pass with checkpoints meets the same result (and digest) as one without; a pass
+    /// resumed from one of them, its observer's state restored as the checkpoint had it,
+    /// meets the same result and digest; a checkpoint whose files changed is not resumed
+    /// from: the pass starts over, with the same result.
+    #[test]
+    fn a_pass_resumed_from_a_checkpoint_agrees_with_a_whole_one() {
+        use crate::job::TableDigest;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0xc4ec);
+        let scratch = tempfile::tempdir().unwrap();
+        let (mut resumed_cases, mut damaged_cases) = (0, 0);
+        for case in 0..160 {
+            let dir = key_ordered_dataset(&mut rng, case);
+            let ds = Dataset::open(dir.path()).unwrap();
+            let desc = ds.table_desc(VnodeCount::new(7).unwrap()).unwrap();
+            let mut whole_digest = TableDigest::new(desc.vnode_count());
+            let whole = ds.validate_observed_from(scratch.path(), None, &mut |rows| {
+                whole_digest.observe(&desc, rows)
+            });
+            let whole = format!("{whole:?}");
+            assert_eq!(
+                whole,
+                format!("{:?}", validate_in_memory(&ds)),
+                "case {case}"
+            );
+
+            let runs = tempfile::tempdir().unwrap();
+            let place = RunPlace {
+                dir: runs.path().to_path_buf(),
+                prefix: "t".into(),
+            };
+            let mut checkpoints = Checkpoints {
+                place,
+                every_rows: rng.random_range(1..20),
+                resume: None,
+            };
+            let mut made = Vec::new();
+            let mut digest = TableDigest::new(desc.vnode_count());
+            let found = ds.validate_checkpointed(scratch.path(), None, &checkpoints, &mut |o| {
+                match o {
+                    Observed::Checkpoint(c) => made.push((c.clone(), digest.clone())),
+                    Observed::Resumed(_) => panic!("case {case}: nothing to resume"),
+                    rows => digest.observe(&desc, rows)?,
+                }
+                Ok(())
+            });
+            assert_eq!(format!("{found:?}"), whole, "case {case}, with checkpoints");
+            if found.is_ok() {
+                assert_eq!(digest, whole_digest, "case {case}");
+            }
+            if made.is_empty() {
+                continue;
+            }
+            let (from, at) = made.swap_remove(rng.random_range(0..made.len()));
+            let first_segment = from.sort.segments.iter().flatten().next().cloned();
+            let damaged = match first_segment {
+                Some(segment) if rng.random_bool(0.3) => {
+                    let path = runs.path().join(&segment.name);
+                    let mut bytes = std::fs::read(&path).unwrap();
+                    bytes[0] ^= 1;
+                    std::fs::write(&path, bytes).unwrap();
+                    true
+                }
+                _ => false,
+            };
+            checkpoints.resume = Some(from);
+            let mut digest = TableDigest::new(desc.vnode_count());
+            let mut resumed = false;
+            let found = ds.validate_checkpointed(scratch.path(), None, &checkpoints, &mut |o| {
+                match o {
+                    Observed::Resumed(_) => {
+                        resumed = true;
+                        digest = at.clone();
+                    }
+                    Observed::Checkpoint(_) => {}
+                    rows => digest.observe(&desc, rows)?,
+                }
+                Ok(())
+            });
+            assert_eq!(format!("{found:?}"), whole, "case {case}, resumed");
+            assert_eq!(resumed, !damaged, "case {case}: resumed unless damaged");
+            if found.is_ok() {
+                assert_eq!(digest, whole_digest, "case {case}, resumed");
+            }
+            resumed_cases += usize::from(resumed);
+            damaged_cases += usize::from(damaged);
+        }
+        assert!(
+            resumed_cases > 20 && damaged_cases > 5,
+            "{resumed_cases} resumed, {damaged_cases} damaged"
+        );
     }
 }
