@@ -30,6 +30,36 @@ fn load_record(dir: &Path) -> Option<LoadProgress> {
     serde_json::from_str(value).ok()
 }
 
+/// What the state `dir` (committed so far) holds of the validation beside the load: the
+/// snapshot row its last checkpoint is at, and whether it passed.
+fn validation_record(dir: &Path) -> (Option<u64>, bool) {
+    let Some(meta) = committed_meta(&RealIo, dir).ok().flatten() else {
+        return (None, false);
+    };
+    let checkpoint = meta
+        .get("replay.validation_checkpoint")
+        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+        .and_then(|v| v["checkpoint"]["snapshot_rows"].as_u64());
+    (checkpoint, meta.contains_key("replay.validated"))
+}
+
+/// Asserts that a resumed run's summary `stdout` says how its validation began, given
+/// what the killed run's state held of it ([`validation_record`]).
+fn assert_validation_line(stdout: &str, (checkpoint, validated): (Option<u64>, bool)) {
+    match (validated, checkpoint) {
+        (true, _) => assert!(!stdout.contains("validation "), "{stdout}"),
+        (false, Some(rows)) => {
+            let line = format!(
+                "validation resumed at {} of {} snapshot rows",
+                thousands(rows),
+                thousands(ROWS)
+            );
+            assert!(stdout.contains(&line), "missing {line:?}: {stdout}");
+        }
+        (false, None) => assert!(stdout.contains("validation started over"), "{stdout}"),
+    }
+}
+
 /// `n` as the summary prints it: 196,608.
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -97,9 +127,11 @@ fn a_replay_killed_during_its_load_resumes_the_load_where_its_last_step_left_it(
         tmp.path().join("ds"),
         &["--scale", "3", "--epochs", "5", "--changes", "3000"],
     );
-    for steps in [0, 1, 4, 12] {
+    let mut validations_resumed = 0;
+    for steps in [0, 1, 4, 12, 20] {
         let out = tmp.path().join(format!("out-{steps}"));
         let left = kill_during_load(&dataset, &out, steps);
+        let validation = validation_record(&out.join("state"));
         let resumed = ok(&replay_args(&dataset, &out));
         let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();
         match left {
@@ -112,6 +144,10 @@ fn a_replay_killed_during_its_load_resumes_the_load_where_its_last_step_left_it(
                     thousands(ROWS)
                 );
                 assert!(stdout.contains(&line), "missing {line:?}: {stdout}");
+                // The validation beside the load resumed from the checkpoint that the
+                // load's last step committed.
+                assert_validation_line(&stdout, validation);
+                validations_resumed += usize::from(validation.0.is_some() && !validation.1);
             }
             // Killed before the first step: the next run loads from the start.
             None if steps == 0 => {
@@ -124,7 +160,70 @@ fn a_replay_killed_during_its_load_resumes_the_load_where_its_last_step_left_it(
         let again = ok(&replay_args(&dataset, &out));
         let again = String::from_utf8_lossy(&again.stdout).into_owned();
         assert!(again.contains("already finished"), "{again}");
+        // Its checkpoints are gone once the validation's outcome is committed.
+        assert!(!out.join("state/validation").exists(), "checkpoints left");
     }
+    assert!(
+        validations_resumed > 0,
+        "no kill left a validation checkpoint"
+    );
+}
+
+/// A validation checkpoint whose files are not as it recorded them (here one byte of one
+/// changed) is not resumed from: the validation starts over, and the output is exact.
+#[test]
+fn a_damaged_validation_checkpoint_is_not_resumed_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dataset = synthetic(
+        tmp.path().join("ds"),
+        &["--scale", "3", "--epochs", "5", "--changes", "3000"],
+    );
+    let out = tmp.path().join("out");
+    let state = out.join("state");
+    let mut args = replay_args(&dataset, &out);
+    args.extend(["--load-step-rows", STEP]);
+    let mut child = spawn(&args);
+    let started = Instant::now();
+    // Until a checkpoint naming a file is committed, the load still under way.
+    let file = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no checkpoint"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the replay ended first"
+        );
+        let named = committed_meta(&RealIo, &state)
+            .ok()
+            .flatten()
+            .and_then(|m| m.get("replay.validation_checkpoint").cloned())
+            .and_then(|v| serde_json::from_str::<serde_json::Value>(&v).ok())
+            .and_then(|v| {
+                let segments = v["checkpoint"]["sort"]["segments"].as_array()?.clone();
+                segments
+                    .iter()
+                    .filter_map(|p| p.as_array()?.first()?["name"].as_str().map(String::from))
+                    .next()
+            });
+        if let Some(name) = named {
+            break name;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    signal(&child, "KILL");
+    child.wait().unwrap();
+    let (checkpoint, validated) = validation_record(&state);
+    assert!(checkpoint.is_some() && !validated);
+    let path = state.join("validation").join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let resumed = ok(&replay_args(&dataset, &out));
+    let stdout = String::from_utf8_lossy(&resumed.stdout).into_owned();
+    assert!(stdout.contains("validation started over"), "{stdout}");
+    verified(&dataset, &out);
 }
 
 /// A load killed twice resumes twice, each time after the last committed step.

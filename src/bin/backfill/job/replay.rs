@@ -614,6 +614,7 @@ async fn run_replay_local(
             desc.clone(),
             options.scratch.clone(),
             checkpoints(None),
+            Some(0),
         )?,
         // A load of this job under way has nothing to lose either: the table is never
         // backfilled before the validation passed (the load's final commit waits for it).
@@ -622,6 +623,7 @@ async fn run_replay_local(
             Found {
                 load_under_way: true,
                 checkpoint,
+                load_rows,
                 ..
             },
         ) => Validation::beside(
@@ -629,6 +631,8 @@ async fn run_replay_local(
             desc.clone(),
             options.scratch.clone(),
             checkpoints(checkpoint),
+            // A shard's load counts its own rows: it reads the snapshot itself.
+            load_rows.filter(|_| options.shard.is_none()),
         )?,
         (None, _) => {
             // Existing directories have something to lose: nothing is touched before the
@@ -676,6 +680,8 @@ struct Found {
     load_under_way: bool,
     /// The last checkpoint of the validation beside that load.
     checkpoint: Option<String>,
+    /// The snapshot rows that load's steps hold.
+    load_rows: Option<u64>,
 }
 
 fn peek_state(
@@ -700,6 +706,7 @@ fn peek_state(
                 .and_then(|v| Validation::recorded(v)),
             load_under_way: load.is_some_and(|l| !l.complete),
             checkpoint: meta.get(META_VALIDATION_CHECKPOINT).cloned(),
+            load_rows: load.filter(|l| !l.complete).map(|l| l.rows),
         })
     };
     peek().unwrap_or_default()
@@ -1028,7 +1035,7 @@ impl<'a, S: StateStore> Job<'a, S> {
         store: S,
         desc: TableDesc,
         dataset: Dataset,
-        feed: Option<SnapshotFeed>,
+        feed: Option<(SnapshotFeed, u64)>,
         filter: Option<ShardFilter>,
         stop: Arc<AtomicBool>,
         step: LoadSteps,
@@ -1042,7 +1049,13 @@ impl<'a, S: StateStore> Job<'a, S> {
         };
         // Decoding on a reader thread overlaps with the load's hashing, sorting and writing.
         let batches: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> = match feed {
-            Some(feed) => Box::new(feed.map(|item| item.map(|(_, batch)| batch))),
+            Some((feed, from)) => {
+                // The feed begins at snapshot row `from`, at or before the rows to load.
+                skip = skip.checked_sub(from).ok_or_else(|| {
+                    internal!("a snapshot feed from row {from} for a load that holds {skip}")
+                })?;
+                Box::new(feed.map(|item| item.map(|(_, batch)| batch)))
+            }
             None => {
                 let rows = usize::try_from(step.rows).unwrap_or(usize::MAX);
                 // The reader skips the dataset rows a resumed load holds; a shard's load
@@ -1436,13 +1449,16 @@ impl<'a, S: StateStore> Job<'a, S> {
                 let loading = tokio::task::spawn_blocking({
                     let (store, desc, dataset) =
                         (store.clone(), self.desc.clone(), self.dataset.clone());
-                    // A resumed load reads only the rows after its steps, itself: the
-                    // validation reads the whole snapshot on its own.
+                    // The validation's feed starts at or before the rows a resumed load
+                    // holds (see `Validation::beside`); a resumed shard's load reads its
+                    // own (it counts its rows after its filter).
+                    let filter = self.shard_filter()?;
+                    let feed_from = validation.feed_start();
                     let feed = validation
                         .take_snapshot_feed()
-                        .filter(|_| steps.resume.is_none());
+                        .filter(|_| steps.resume.is_none() || filter.is_none())
+                        .map(|feed| (feed, feed_from));
                     let stop = stop.clone();
-                    let filter = self.shard_filter()?;
                     move || Self::load(store, desc, dataset, feed, filter, stop, steps)
                 });
                 let loaded = self

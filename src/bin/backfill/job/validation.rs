@@ -51,6 +51,8 @@ pub(crate) struct Validation {
     failed: bool,
     /// The snapshot's batches the validation reads, for the load to read too.
     snapshot_feed: Option<SnapshotFeed>,
+    /// The snapshot row that feed starts at.
+    feed_start: u64,
     /// The outcome of a validation that passed, encoded for the state ([`Self::outcome`]).
     outcome: Arc<OnceLock<String>>,
     /// The last durable checkpoint, encoded for the state ([`Self::checkpoints`]).
@@ -144,9 +146,16 @@ pub(crate) fn checkpoint_dir(state: &Path) -> PathBuf {
     state.join("validation")
 }
 
+/// The version of a checkpoint's record and files: the binary's, whose hashes of rows and
+/// sorted-row files a checkpoint keeps (another version's checkpoint is not resumed from).
+const CHECKPOINT_FORMAT: &str = concat!(env!("CARGO_PKG_VERSION"), "/1");
+
 /// A checkpoint as the state keeps it: the pass's own, and the digest of the rows before it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct CheckpointRecord {
+    /// [`CHECKPOINT_FORMAT`] when it was made.
+    #[serde(default)]
+    format: String,
     /// The name of the validation's files (see the module docs).
     lineage: String,
     checkpoint: ValidationCheckpoint,
@@ -162,7 +171,9 @@ fn prepare_checkpoints(at: &CheckpointDir) -> Option<(DirLock, Checkpoints, Opti
     let record: Option<CheckpointRecord> =
         (at.resume.as_deref()).and_then(|v| serde_json::from_str(v).ok());
     let (lineage, resume, digest) = match record {
-        Some(r) if valid_lineage(&r.lineage) => (r.lineage, Some(r.checkpoint), Some(r.digest)),
+        Some(r) if valid_lineage(&r.lineage) && r.format == CHECKPOINT_FORMAT => {
+            (r.lineage, Some(r.checkpoint), Some(r.digest))
+        }
         _ => (new_lineage(), None, None),
     };
     let keep: Vec<&str> = match &resume {
@@ -210,19 +221,21 @@ fn valid_lineage(lineage: &str) -> bool {
 }
 
 /// [`validate`] with checkpoints in `at` (see the module docs), each published into
-/// `published` once durable; the snapshot comes from `snapshot` (only when not resuming)
-/// if given. The row it resumed at goes into `resumed_at`.
+/// `published` once durable; the snapshot comes from `snapshot` (a feed, and the snapshot
+/// row it starts at) if given. The row it resumed at goes into `resumed_at`.
 fn validate_checkpointed(
     dataset: &Dataset,
     desc: &TableDesc,
     scratch: &Path,
-    snapshot: Option<SnapshotFeed>,
+    snapshot: Option<(SnapshotFeed, u64)>,
     at: &CheckpointDir,
     published: &Mutex<Option<String>>,
     resumed_at: &OnceLock<u64>,
 ) -> Result<Validated> {
     let Some((_lock, checkpoints, recorded_digest)) = prepare_checkpoints(at) else {
-        return validate(dataset, desc, scratch, snapshot);
+        // (A feed from a later row is dropped: the pass reads the snapshot itself.)
+        let feed = snapshot.and_then(|(feed, from)| (from == 0).then_some(feed));
+        return validate(dataset, desc, scratch, feed);
     };
     let lineage = checkpoints
         .place
@@ -240,6 +253,7 @@ fn validate_checkpointed(
             }
             Observed::Checkpoint(checkpoint) => {
                 let record = CheckpointRecord {
+                    format: CHECKPOINT_FORMAT.to_string(),
                     lineage: lineage.clone(),
                     checkpoint: checkpoint.clone(),
                     digest: digest.clone(),
@@ -255,12 +269,7 @@ fn validate_checkpointed(
             rows => digest.observe(desc, rows),
         }
     };
-    let summary = match snapshot {
-        Some(feed) if checkpoints.resume.is_none() => {
-            dataset.validate_checkpointed(scratch, Some(feed), &checkpoints, &mut observe)?
-        }
-        _ => dataset.validate_checkpointed(scratch, None, &checkpoints, &mut observe)?,
-    };
+    let summary = dataset.validate_checkpointed(scratch, snapshot, &checkpoints, &mut observe)?;
     Ok((summary, digest))
 }
 
@@ -277,6 +286,7 @@ impl Validation {
             )?)),
             failed: false,
             snapshot_feed: None,
+            feed_start: 0,
             outcome: Arc::default(),
             checkpoint: Arc::default(),
             resumed_at: Arc::default(),
@@ -293,6 +303,7 @@ impl Validation {
             state: State::Done(Box::new((recorded.summary, recorded.digest))),
             failed: false,
             snapshot_feed: None,
+            feed_start: 0,
             outcome: Arc::new(OnceLock::from(value.to_string())),
             checkpoint: Arc::default(),
             resumed_at: Arc::default(),
@@ -325,6 +336,7 @@ impl Validation {
             state: State::Running(thread),
             failed: false,
             snapshot_feed: None,
+            feed_start: 0,
             outcome,
             checkpoint: Arc::default(),
             resumed_at: Arc::default(),
@@ -339,18 +351,28 @@ impl Validation {
     /// have checked before it). It spills under `scratch`.
     ///
     /// With `checkpoints`, it keeps its progress there and resumes from the checkpoint given
-    /// (see the module docs); a resumed one reads the snapshot from there itself, and gives
-    /// the load no feed.
+    /// (see the module docs). `load_from` is the snapshot row the load resumes at (`None`:
+    /// the load reads the snapshot itself): the feed then starts at the earlier of that row
+    /// and the validation's ([`Self::feed_start`]), and a validation that cannot resume
+    /// after all reads the snapshot itself.
     pub fn beside(
         dataset: &Dataset,
         desc: Arc<TableDesc>,
         scratch: PathBuf,
         checkpoints: Option<CheckpointDir>,
+        load_from: Option<u64>,
     ) -> Result<Self> {
-        let resuming = checkpoints.as_ref().is_some_and(|c| c.resume.is_some());
-        let (for_validation, for_load) = if resuming {
-            (None, None)
-        } else {
+        let resume_at = (checkpoints.as_ref())
+            .and_then(|c| c.resume.as_deref())
+            .and_then(|v| serde_json::from_str::<CheckpointRecord>(v).ok())
+            .filter(|r| r.format == CHECKPOINT_FORMAT)
+            .map(|r| r.checkpoint.snapshot_rows);
+        let feed_from = match (resume_at, load_from) {
+            (Some(validation), Some(load)) => Some(validation.min(load)),
+            (Some(_), None) => None,
+            (None, _) => Some(0),
+        };
+        let (for_validation, for_load) = if let Some(from) = feed_from {
             // A batch is shared (its buffers' handles cloned); an error goes to the
             // validation, which reports it naming file and row, and ends the load's feed too.
             let split = |item: Result<(usize, arrow_array::RecordBatch)>| match item {
@@ -360,11 +382,13 @@ impl Validation {
                     (Err(e), Err(stop))
                 }
             };
-            let batches = dataset.read_snapshot_files(SNAPSHOT_CHUNK_ROWS);
+            let batches = dataset.read_snapshot_files_from(SNAPSHOT_CHUNK_ROWS, from);
             let (for_validation, for_load) = tee("backfill-read", READ_AHEAD, batches, split)?;
             let for_validation: SnapshotFeed = Box::new(for_validation);
             let for_load: SnapshotFeed = Box::new(for_load);
-            (Some(for_validation), Some(for_load))
+            (Some((for_validation, from)), Some(for_load))
+        } else {
+            (None, None)
         };
         let dataset = dataset.clone();
         let outcome: Arc<OnceLock<String>> = Arc::default();
@@ -384,7 +408,7 @@ impl Validation {
                         &published,
                         &resumed,
                     )?,
-                    None => validate(&dataset, &desc, &scratch, for_validation)?,
+                    None => validate(&dataset, &desc, &scratch, for_validation.map(|f| f.0))?,
                 };
                 let _ = cell.set(encode(&validated)?);
                 Ok(validated)
@@ -394,6 +418,7 @@ impl Validation {
             state: State::Running(thread),
             failed: false,
             snapshot_feed: for_load,
+            feed_start: feed_from.unwrap_or(0),
             outcome,
             checkpoint,
             resumed_at,
@@ -405,6 +430,11 @@ impl Validation {
     /// step commits it; see the module docs): `None` if there is none since the last call.
     pub fn take_checkpoint(slot: &Mutex<Option<String>>) -> Option<String> {
         slot.lock().ok().and_then(|mut v| v.take())
+    }
+
+    /// The snapshot row the feed of [`Self::take_snapshot_feed`] starts at.
+    pub fn feed_start(&self) -> u64 {
+        self.feed_start
     }
 
     /// Where the validation's checkpoints appear ([`Self::take_checkpoint`]).
@@ -540,7 +570,7 @@ mod tests {
                 first.finish().unwrap();
                 assert_eq!(first.expected_digest(), Some(&expected), "seed {seed}");
                 let mut beside =
-                    Validation::beside(&data, desc, std::env::temp_dir(), None).unwrap();
+                    Validation::beside(&data, desc, std::env::temp_dir(), None, Some(0)).unwrap();
                 assert_eq!(beside.expected_digest(), None, "not before it finished");
                 beside.finish().unwrap();
                 assert_eq!(beside.expected_digest(), Some(&expected), "seed {seed}");
@@ -565,12 +595,90 @@ mod tests {
         let dir = dataset(MANIFEST, &snapshot, &changes);
         let data = Dataset::open(dir.path()).unwrap();
         let desc = Arc::new(data.table_desc(VnodeCount::DEFAULT).unwrap());
-        let mut beside = Validation::beside(&data, desc, std::env::temp_dir(), None).unwrap();
+        let mut beside =
+            Validation::beside(&data, desc, std::env::temp_dir(), None, Some(0)).unwrap();
         assert!(beside.finish().is_err());
         assert!(beside.failed());
         assert!(beside.outcome().get().is_none(), "no outcome kept");
         assert!(Validation::recorded("{\"summary\": 1}").is_none());
         assert_eq!(beside.expected_digest(), None);
+    }
+
+    /// A validation beside the load with checkpoints publishes them; one resumed from its
+    /// last checkpoint (the load's feed starting at an earlier row) reads only the rows
+    /// after it, says where it resumed, and ends with the same outcome; the feed it shares
+    /// with the load starts at the earlier of the two rows.
+    #[test]
+    fn a_validation_resumes_from_its_checkpoint_beside_a_resumed_load() {
+        use crate::replay::testing::{changes, rows};
+        let snapshot = [
+            rows("1 a\n2 b\n3 c"),
+            rows("4 d\n5 e"),
+            rows("6 f\n7 g\n8 h\n9 i"),
+        ];
+        let change_files = [changes(&[(7, "U- 2 b\nU+ 2 x\n- 6 f"), (8, "+ 10 j")])];
+        let dir = dataset(MANIFEST, &snapshot, &change_files);
+        let data = Dataset::open(dir.path()).unwrap();
+        let desc = Arc::new(data.table_desc(VnodeCount::new(7).unwrap()).unwrap());
+        let state = tempfile::tempdir().unwrap();
+        let at = |resume: Option<String>| CheckpointDir {
+            dir: checkpoint_dir(state.path()),
+            resume,
+            every_rows: 1,
+        };
+        let mut first = Validation::beside(
+            &data,
+            desc.clone(),
+            std::env::temp_dir(),
+            Some(at(None)),
+            Some(0),
+        )
+        .unwrap();
+        drop(first.take_snapshot_feed());
+        first.finish().unwrap();
+        let slot = first.checkpoints();
+        let checkpoint = Validation::take_checkpoint(&slot).expect("a checkpoint");
+        assert!(Validation::take_checkpoint(&slot).is_none(), "taken once");
+        let record: CheckpointRecord = serde_json::from_str(&checkpoint).unwrap();
+        let resumed_row = record.checkpoint.snapshot_rows;
+        assert!(resumed_row > 0, "{resumed_row}");
+
+        let mut second = Validation::beside(
+            &data,
+            desc.clone(),
+            std::env::temp_dir(),
+            Some(at(Some(checkpoint.clone()))),
+            Some(2),
+        )
+        .unwrap();
+        assert_eq!(
+            second.feed_start(),
+            2,
+            "the earlier of the load's row and its own"
+        );
+        let feed: Vec<_> = second.take_snapshot_feed().unwrap().collect();
+        let fed: usize = feed.iter().map(|b| b.as_ref().unwrap().1.num_rows()).sum();
+        assert_eq!(fed, 9 - 2, "the feed starts at row 2");
+        second.finish().unwrap();
+        assert_eq!(second.resumed_at(), Some(resumed_row));
+        assert_eq!(second.expected_digest(), first.expected_digest());
+        assert_eq!(second.outcome().get(), first.outcome().get());
+
+        // A checkpoint of another version is not resumed from: the validation reads all.
+        let other = checkpoint.replace(CHECKPOINT_FORMAT, "0.0.0/0");
+        let mut third = Validation::beside(
+            &data,
+            desc,
+            std::env::temp_dir(),
+            Some(at(Some(other))),
+            Some(2),
+        )
+        .unwrap();
+        assert_eq!(third.feed_start(), 0);
+        drop(third.take_snapshot_feed());
+        third.finish().unwrap();
+        assert_eq!(third.resumed_at(), None);
+        assert_eq!(third.expected_digest(), first.expected_digest());
     }
 
     #[test]

@@ -180,7 +180,6 @@ pub(crate) struct KeyedChanges {
     layout: Layout,
     names: Vec<String>,
     all_columns: RowConverter,
-    hasher: hashbrown::DefaultHashBuilder,
     /// Every column's values are hashed exactly by [`mix64_rows`] (see the module docs).
     mix64: bool,
     /// The [`mix64_rows`] hashes of the rows pushed last, when `mix64`.
@@ -299,7 +298,6 @@ impl KeyedChanges {
             pk: pk.clone(),
             names: table.fields().iter().map(|f| f.name().clone()).collect(),
             all_columns: all_columns(table)?,
-            hasher: Default::default(),
             mix64: payload == Payload::Hash && mix64_exact(table),
             last_hashes: None,
             sorters,
@@ -559,11 +557,11 @@ impl KeyedChanges {
             certificate_hashes = Some(hashes.values().clone());
             columns.push(Arc::new(hashes));
         } else if self.layout.payload == Payload::Hash {
+            // The same hash of the all-column encoding in every process: a validation's
+            // checkpoint keeps it (`ordered_run.rs`).
             let rows = self.all_columns.convert_columns(batch.columns())?;
-            let hashes: UInt64Array = rows
-                .iter()
-                .map(|row| self.hasher.hash_one(row.as_ref()))
-                .collect();
+            let rows: ArrayRef = Arc::new(rows.try_into_binary()?);
+            let hashes = UInt64Array::from(mix64_rows(&[rows], batch.num_rows())?);
             columns.push(Arc::new(hashes));
         }
         let sorted = RecordBatch::try_new(self.sorters[0].schema().clone(), columns)?;
@@ -670,8 +668,6 @@ impl KeyedChanges {
         }
     }
 }
-
-use std::hash::BuildHasher;
 
 /// Folds every key of `folds` (the partitions of [`KeyedChanges::finish`]), each on a thread
 /// of its own, and describes the violation with the smallest sequence among them, if any:

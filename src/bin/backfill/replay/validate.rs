@@ -82,7 +82,7 @@ impl Dataset {
         validate_with(
             self,
             &ExternalSortOptions::new(scratch.to_path_buf()),
-            snapshot,
+            snapshot.map(|feed| (feed, 0)),
             None,
             observe,
         )
@@ -91,11 +91,13 @@ impl Dataset {
     /// [`Dataset::validate_observed_from`] with checkpoints (see [`Checkpoints`]): `observe`
     /// is shown each one ([`Observed::Checkpoint`]) once it is durable, and a pass given one
     /// to resume from starts there (it says so first, [`Observed::Resumed`], and shows the
-    /// rows after it; it then reads the snapshot itself: no `snapshot` feed).
+    /// rows after it). The `snapshot` feed comes with the snapshot row it starts at: the
+    /// pass skips the rows before its own start, and reads the snapshot itself if the feed
+    /// starts after it.
     pub(crate) fn validate_checkpointed(
         &self,
         scratch: &std::path::Path,
-        snapshot: Option<SnapshotFeed>,
+        snapshot: Option<(SnapshotFeed, u64)>,
         checkpoints: &Checkpoints,
         observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
     ) -> Result<DatasetSummary> {
@@ -169,7 +171,7 @@ const MAX_FOLD_PARTITIONS: usize = 4;
 fn validate_with(
     dataset: &Dataset,
     options: &ExternalSortOptions,
-    snapshot: Option<SnapshotFeed>,
+    snapshot: Option<(SnapshotFeed, u64)>,
     checkpoints: Option<&Checkpoints>,
     observe: &mut dyn FnMut(Observed<'_>) -> Result<()>,
 ) -> Result<DatasetSummary> {
@@ -218,11 +220,9 @@ fn validate_with(
         ..DatasetSummary::default()
     };
     let snapshot = match snapshot {
-        Some(_) if start > 0 => {
-            return Err(internal!("a resumed validation given a snapshot feed"));
-        }
-        Some(feed) => feed,
-        None => Box::new(Prefetch::new(
+        Some((feed, from)) if from <= start => skip_rows(feed, start - from),
+        // (A feed that starts later is dropped: its other reader goes on alone.)
+        _ => Box::new(Prefetch::new(
             "backfill-validate",
             READ_AHEAD,
             dataset.read_snapshot_files_from(BATCH_SIZE, start),
@@ -243,6 +243,25 @@ fn validate_with(
         Some(e) => Err(e),
         None => Ok(summary),
     }
+}
+
+/// `feed` without its first `n` rows.
+fn skip_rows(feed: SnapshotFeed, mut n: u64) -> SnapshotFeed {
+    if n == 0 {
+        return feed;
+    }
+    Box::new(feed.filter_map(move |item| match item {
+        Ok((file, batch)) if n > 0 => {
+            let rows = batch.num_rows() as u64;
+            let skip = n.min(rows);
+            n -= skip;
+            // `skip` is at most the batch's row count, a usize.
+            let skip = skip as usize;
+            (skip < batch.num_rows())
+                .then(|| Ok((file, batch.slice(skip, batch.num_rows() - skip))))
+        }
+        item => Some(item),
+    }))
 }
 
 /// Resumes `rows` from checkpoint `from` (see [`KeyedChanges::resume`]); `Ok(false)` if
@@ -810,7 +829,7 @@ mod tests {
                 let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
                 let found = format!(
                     "{:?}",
-                    validate_with(&ds, &options, Some(feed), None, &mut |_| Ok(()))
+                    validate_with(&ds, &options, Some((feed, 0)), None, &mut |_| Ok(()))
                 );
                 assert_eq!(found, expected, "fed {batch_rows} rows a batch");
             }
@@ -836,7 +855,7 @@ mod tests {
         let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(BATCH_SIZE));
         let found = format!(
             "{:?}",
-            validate_with(&ds, &options, Some(feed), None, &mut |_| Ok(()))
+            validate_with(&ds, &options, Some((feed, 0)), None, &mut |_| Ok(()))
         );
         assert_eq!(found, expected);
     }
@@ -866,7 +885,7 @@ mod tests {
             let feed: SnapshotFeed = Box::new(ds.read_snapshot_files(batch_rows));
             let found = format!(
                 "{:?}",
-                validate_with(ds, &options, Some(feed), None, &mut |_| Ok(()))
+                validate_with(ds, &options, Some((feed, 0)), None, &mut |_| Ok(()))
             );
             assert_eq!(
                 found, expected,
