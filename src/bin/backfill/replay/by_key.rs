@@ -164,6 +164,26 @@ impl Layout {
     }
 }
 
+/// `row` as an Arrow IPC stream, in hex.
+fn encode_row(row: &RecordBatch) -> Result<String> {
+    let mut bytes = Vec::new();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut bytes, row.schema_ref())?;
+    writer.write(row)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The batch [`encode_row`] encoded; `None` if `hex` is not one.
+fn decode_row(hex: &str) -> Option<RecordBatch> {
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let mut reader = arrow_ipc::reader::StreamReader::try_new(bytes.as_slice(), None).ok()?;
+    reader.next()?.ok()
+}
+
 /// A converter of every column of `schema`: byte equality is row equality.
 fn all_columns(schema: &Schema) -> Result<RowConverter> {
     let fields = schema
@@ -193,6 +213,8 @@ pub(crate) struct KeyedChanges {
     /// While snapshot rows are left out of the sort: the rows it keeps, in key order, one
     /// run a partition (see the module docs, "A snapshot in key order").
     snapshot_runs: Vec<OrderedRun>,
+    /// While they are: the last snapshot row pushed, for a checkpoint.
+    last_row: Option<RecordBatch>,
     /// Rows given to the sorters.
     rows_sorted: u64,
     files: FileIndex,
@@ -214,6 +236,11 @@ pub(crate) struct SortCheckpoint {
     pub next_seq: u64,
     /// The segments of each partition's run of the snapshot rows kept.
     pub segments: Vec<Vec<Segment>>,
+    /// The last snapshot row pushed (whose key the next must follow), as an Arrow IPC
+    /// stream in hex: typed values, not the encoded key (arrow-row bytes are no persisted
+    /// format).
+    #[serde(default)]
+    pub last_row: Option<String>,
 }
 
 /// Whether snapshot rows are left out of the sort (module docs, "A snapshot in key order").
@@ -304,6 +331,7 @@ impl KeyedChanges {
             keys_hashable: hashable,
             skip: Skip::Off,
             snapshot_runs: Vec::new(),
+            last_row: None,
             rows_sorted: 0,
             files: FileIndex::default(),
             layout,
@@ -342,25 +370,25 @@ impl KeyedChanges {
         let segments = (self.snapshot_runs.iter_mut())
             .map(|run| Ok(run.close_segment()?.to_vec()))
             .collect::<Result<_>>()?;
+        let last_row = self.last_row.as_ref().map(encode_row).transpose()?;
         Ok(Some(SortCheckpoint {
             next_seq: self.next_seq,
             segments,
+            last_row,
         }))
     }
 
     /// Resumes from `checkpoint` (made by a run of the same dataset with the same
     /// `touched` and `place`): the rows it recorded are pushed, those of the snapshot files
-    /// `files` (each with the sequence its first row has), the last of them `last_row` (the
-    /// snapshot's row before sequence `checkpoint.next_seq`; `None` if there is none).
-    /// `Ok(false)`, nothing changed, if a recorded segment is not as recorded or the
-    /// partitions differ: the caller starts over.
+    /// `files` (each with the sequence its first row has). `Ok(false)`, nothing changed, if
+    /// a recorded segment is not as recorded, its last row unreadable or the partitions
+    /// differ: the caller starts over.
     pub fn resume(
         &mut self,
         touched: KeyFilter,
         place: &RunPlace,
         checkpoint: SortCheckpoint,
         files: &[(PathBuf, u64)],
-        last_row: Option<&RecordBatch>,
     ) -> Result<bool> {
         if !self.keys_hashable
             || self.next_seq != 0
@@ -377,13 +405,19 @@ impl KeyedChanges {
                 None => return Ok(false),
             }
         }
-        let last_key = match last_row {
-            Some(row) if row.num_rows() > 0 => {
-                let keys = self.pk.encode(row)?;
-                Some(keys.value(keys.len() - 1).to_vec())
+        let last_row = match checkpoint.last_row.as_deref().map(decode_row) {
+            Some(Some(row)) if row.num_rows() == 1 && row.schema() == self.layout.table => {
+                Some(row)
             }
-            _ => None,
+            Some(_) => return Ok(false),
+            None if checkpoint.next_seq > 0 => return Ok(false),
+            None => None,
         };
+        let last_key = match &last_row {
+            Some(row) => Some(self.pk.encode(row)?.value(0).to_vec()),
+            None => None,
+        };
+        self.last_row = last_row;
         for (path, first_seq) in files {
             self.files.note(path, true, 0, *first_seq);
         }
@@ -511,6 +545,11 @@ impl KeyedChanges {
             _ => Keep::All,
         };
         let hashes = self.push(batch, ops, epochs, first_seq, keep);
+        if matches!(skip, Skip::Untouched { .. }) && n > 0 {
+            // A copy of the row alone, not a slice holding the batch.
+            let last = UInt32Array::from(vec![(n - 1) as u32]);
+            self.last_row = Some(arrow_select::take::take_record_batch(batch, &last)?);
+        }
         self.skip = skip;
         self.last_hashes = hashes?;
         Ok(Ok(()))

@@ -280,20 +280,7 @@ fn resume_from(
             None => return Ok(false),
         }
     }
-    let last_row = match from.snapshot_rows.checked_sub(1) {
-        Some(row) => match dataset.read_snapshot_from(1, row).next() {
-            Some(batch) => Some(batch?),
-            None => return Ok(false),
-        },
-        None => None,
-    };
-    rows.resume(
-        touched.clone(),
-        place,
-        from.sort.clone(),
-        &files,
-        last_row.as_ref(),
-    )
+    rows.resume(touched.clone(), place, from.sort.clone(), &files)
 }
 
 /// Where the snapshot pass is, for its checkpoints.
