@@ -16,7 +16,7 @@
 //!
 //! A validation beside the load of a durable state also keeps its progress with the load's
 //! steps ([`CheckpointDir`]): every load step's worth of snapshot rows, while the snapshot
-//! comes in key order, it makes what it did durable (the snapshot rows it sorts, written in
+//! comes in key order, it records what it did (the snapshot rows it sorts, written in
 //! key order in `STATE/validation/`, and the digest so far) and hands the record to the
 //! load ([`Validation::checkpoints`]), which commits it with its next step. A run killed
 //! during the load resumes both: the load after its last step, the validation after the
@@ -55,7 +55,7 @@ pub(crate) struct Validation {
     feed_start: u64,
     /// The outcome of a validation that passed, encoded for the state ([`Self::outcome`]).
     outcome: Arc<OnceLock<String>>,
-    /// The last durable checkpoint, encoded for the state ([`Self::checkpoints`]).
+    /// The last checkpoint, encoded for the state ([`Self::checkpoints`]).
     checkpoint: Arc<Mutex<Option<String>>>,
     /// The snapshot row a resumed validation started at.
     resumed_at: Arc<OnceLock<u64>>,
@@ -221,7 +221,7 @@ fn valid_lineage(lineage: &str) -> bool {
 }
 
 /// [`validate`] with checkpoints in `at` (see the module docs), each published into
-/// `published` once durable; the snapshot comes from `snapshot` (a feed, and the snapshot
+/// `published` once written; the snapshot comes from `snapshot` (a feed, and the snapshot
 /// row it starts at) if given. The row it resumed at goes into `resumed_at`.
 fn validate_checkpointed(
     dataset: &Dataset,
@@ -426,7 +426,7 @@ impl Validation {
         })
     }
 
-    /// The last checkpoint the validation made durable, encoded for the state, once (a load
+    /// The last checkpoint the validation wrote, encoded for the state, once (a load
     /// step commits it; see the module docs): `None` if there is none since the last call.
     pub fn take_checkpoint(slot: &Mutex<Option<String>>) -> Option<String> {
         slot.lock().ok().and_then(|mut v| v.take())

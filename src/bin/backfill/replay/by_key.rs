@@ -171,7 +171,11 @@ fn encode_row(row: &RecordBatch) -> Result<String> {
     writer.write(row)?;
     writer.finish()?;
     drop(writer);
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hex: Vec<u8> = (bytes.iter())
+        .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]])
+        .collect();
+    String::from_utf8(hex).map_err(|e| internal!("hex digits: {e}"))
 }
 
 /// The batch [`encode_row`] encoded; `None` if `hex` is not one.
@@ -360,9 +364,9 @@ impl KeyedChanges {
         }
     }
 
-    /// Durably records the rows pushed so far, while snapshot rows are left out of the sort
+    /// Records the rows pushed so far, while snapshot rows are left out of the sort
     /// (otherwise `None`: rows went to the sort, which keeps no checkpoint): the run of each
-    /// partition is closed and synced up to here.
+    /// partition is closed up to here (`ordered_run.rs`).
     pub fn checkpoint(&mut self) -> Result<Option<SortCheckpoint>> {
         if !matches!(self.skip, Skip::Untouched { .. }) || self.snapshot_runs.is_empty() {
             return Ok(None);
@@ -546,9 +550,11 @@ impl KeyedChanges {
         };
         let hashes = self.push(batch, ops, epochs, first_seq, keep);
         if matches!(skip, Skip::Untouched { .. }) && n > 0 {
-            // A copy of the row alone, not a slice holding the batch.
+            // The row alone: a copy (its view columns' strings too), not a slice holding
+            // the batch.
             let last = UInt32Array::from(vec![(n - 1) as u32]);
-            self.last_row = Some(arrow_select::take::take_record_batch(batch, &last)?);
+            let row = arrow_select::take::take_record_batch(batch, &last)?;
+            self.last_row = Some(crate::store::gc_views(row)?);
         }
         self.skip = skip;
         self.last_hashes = hashes?;

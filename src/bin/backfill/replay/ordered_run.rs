@@ -4,17 +4,21 @@
 //! The validation's snapshot rows that the changelog may touch arrive in key order while the
 //! snapshot does (`by_key.rs`, "A snapshot in key order"): they need no sort, only writing.
 //! [`OrderedRun`] writes them as one run of the sort, split into segment files: at a
-//! checkpoint ([`OrderedRun::close_segment`]) the open segment is finished and fsynced, and
-//! its name, size and CRC-32 go into the checkpoint's record. A run that resumes after a kill
+//! checkpoint ([`OrderedRun::close_segment`]) the open segment is finished, and its name,
+//! size and CRC-32 go into the checkpoint's record. A run that resumes after a kill
 //! ([`OrderedRun::resume`]) checks every recorded segment (a missing, shorter, longer or
 //! changed file refuses the resume: the caller validates from the start) and writes the
 //! next ones; the sort reads the segments in order as one run ([`Run::segments`]) and never
 //! deletes them: they belong to the checkpoint until the validation's outcome is committed.
 //!
+//! Segments are not fsynced: a process killed leaves what it wrote in the page cache, and
+//! a machine that lost power may lose some, which the resume's check then finds (and the
+//! validation starts over). Only the speed of a resume depends on them, never its result.
+//!
 //! ```text
-//!   push ─> pending (≤ batch_rows) ─> PREFIX-000000.arrow  (closed, fsynced: in checkpoint 1)
-//!                                  ─> PREFIX-000001.arrow  (closed, fsynced: in checkpoint 2)
-//!                                  ─> PREFIX-000002.arrow  (open: lost on a kill)
+//!   push ─> pending (≤ batch_rows) ─> PREFIX-000000.arrow  (closed: in checkpoint 1)
+//!                                  ─> PREFIX-000001.arrow  (closed: in checkpoint 2)
+//!                                  ─> PREFIX-000002.arrow  (open: not in any checkpoint)
 //! ```
 
 use std::fs::File;
@@ -134,25 +138,22 @@ impl OrderedRun {
         }
     }
 
-    /// Finishes the open segment (with what is pending) and fsyncs it and the directory:
-    /// the segments returned are durable. Nothing pushed since the last call: no new
-    /// segment.
+    /// Finishes the open segment (with what is pending): the segments so far, for a
+    /// checkpoint. Nothing pushed since the last call: no new segment.
     pub fn close_segment(&mut self) -> Result<&[Segment]> {
         self.write_pending()?;
         if let Some(writer) = self.open.take() {
             self.closed.push(writer.finish()?);
-            sync_dir(&self.dir)?;
         }
         Ok(&self.closed)
     }
 
-    /// The run for the sort: every segment, in order, the last one closed (not synced:
-    /// only a checkpoint needs that), or `None` if no row was pushed. The sort reads them
-    /// and leaves them in place.
+    /// The run for the sort: every segment, in order, the last one closed, or `None` if no
+    /// row was pushed. The sort reads them and leaves them in place.
     pub fn into_run(mut self) -> Result<Option<Run>> {
         self.write_pending()?;
         if let Some(writer) = self.open.take() {
-            self.closed.push(writer.finish_unsynced()?);
+            self.closed.push(writer.finish()?);
         }
         if self.closed.is_empty() {
             return Ok(None);
@@ -188,13 +189,6 @@ fn matches(path: &Path, segment: &Segment) -> Result<bool> {
         hasher.update(&buf[..n]);
     }
     Ok(hasher.finalize() == segment.crc)
-}
-
-/// Fsyncs a directory (the names of the files just made in it).
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::scratch(dir, e))
 }
 
 /// A writer that counts and checksums what passes through it.
@@ -242,16 +236,15 @@ impl SegmentWriter {
             .map_err(|e| Error::scratch(&self.path, e))
     }
 
-    /// Finishes the stream and flushes it: the file and its record.
-    fn close(mut self) -> Result<(File, Segment)> {
+    /// Finishes the stream and flushes it: its record.
+    fn finish(mut self) -> Result<Segment> {
         let path = self.path;
         self.writer.finish().map_err(|e| Error::scratch(&path, e))?;
         let sink = self
             .writer
             .into_inner()
             .map_err(|e| Error::scratch(&path, e))?;
-        let file = sink
-            .inner
+        sink.inner
             .into_inner()
             .map_err(|e| Error::scratch(&path, e.into_error()))?;
         let name = path
@@ -263,17 +256,6 @@ impl SegmentWriter {
             bytes: sink.bytes,
             crc: sink.hasher.finalize(),
         };
-        Ok((file, segment))
-    }
-
-    fn finish(self) -> Result<Segment> {
-        let path = self.path.clone();
-        let (file, segment) = self.close()?;
-        file.sync_all().map_err(|e| Error::scratch(&path, e))?;
         Ok(segment)
-    }
-
-    fn finish_unsynced(self) -> Result<Segment> {
-        Ok(self.close()?.1)
     }
 }

@@ -89,7 +89,7 @@ impl Dataset {
     }
 
     /// [`Dataset::validate_observed_from`] with checkpoints (see [`Checkpoints`]): `observe`
-    /// is shown each one ([`Observed::Checkpoint`]) once it is durable, and a pass given one
+    /// is shown each one ([`Observed::Checkpoint`]) once its files are written, and a pass given one
     /// to resume from starts there (it says so first, [`Observed::Resumed`], and shows the
     /// rows after it). The `snapshot` feed comes with the snapshot row it starts at: the
     /// pass skips the rows before its own start, and reads the snapshot itself if the feed
@@ -113,7 +113,7 @@ impl Dataset {
 
 /// A validation's checkpoints: while the snapshot comes in key order (the rows it sorts
 /// are then written in key order, `ordered_run.rs`), every `every_rows` snapshot rows the
-/// pass makes what it has done durable and shows it ([`Observed::Checkpoint`]); a pass
+/// pass writes what it has done and shows it ([`Observed::Checkpoint`]); a pass
 /// given `resume` (a checkpoint of the same dataset, the same `place`) starts after it,
 /// or from the start if its files are not as it recorded them.
 #[derive(Debug, Clone)]
@@ -124,7 +124,8 @@ pub(crate) struct Checkpoints {
     pub resume: Option<ValidationCheckpoint>,
 }
 
-/// What a validation did up to a point of its snapshot pass, durable (see [`Checkpoints`]).
+/// What a validation did up to a point of its snapshot pass (see [`Checkpoints`]); its
+/// files are checked when a pass resumes from it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ValidationCheckpoint {
     /// The snapshot rows validated: the pass resumes at this row (in file order).
@@ -148,7 +149,7 @@ pub(crate) enum Observed<'a> {
     Snapshot(&'a RecordBatch, Option<&'a [u64]>),
     /// Changelog rows, with their ops and their certificate row hashes if computed.
     Changes(&'a RecordBatch, &'a [Op], Option<&'a [u64]>),
-    /// A durable checkpoint ([`Dataset::validate_checkpointed`]), after the rows shown so
+    /// A checkpoint ([`Dataset::validate_checkpointed`]), after the rows shown so
     /// far: a pass resumed from it shows the rows after them.
     Checkpoint(&'a ValidationCheckpoint),
     /// The pass resumed from this checkpoint, before any row: what the observer saw up to
