@@ -22,8 +22,8 @@ mod tool_tests;
 
 use crate::error::Result;
 use crate::job::replay::{
-    DEFAULT_BATCH_SIZE, Interrupt, ReplayOptions, ReplayProgress, ReplaySummary, RescalePoint,
-    STATE_DIR, StateChoice, ValidationStart, default_out_dir, default_parallelism,
+    DEFAULT_BATCH_SIZE, Interrupt, LoadReport, ReplayOptions, ReplayProgress, ReplaySummary,
+    RescalePoint, STATE_DIR, StateChoice, ValidationStart, default_out_dir, default_parallelism,
     run_replay_until,
 };
 use crate::job::shard::Shard;
@@ -799,7 +799,9 @@ fn print_summary(name: &str, s: &ReplaySummary) {
 /// The live progress: an indicatif bar, a line a second, or nothing.
 enum ProgressDisplay {
     Bar(ProgressBar, u64),
-    Plain(Instant, u64),
+    /// The time of the last line, the vnode count, the load's committed rows of the last
+    /// line (a line each second, and one each committed load step).
+    Plain(Instant, u64, u64),
     None,
 }
 
@@ -825,12 +827,16 @@ impl ProgressDisplay {
                 );
                 ProgressDisplay::Bar(bar, vnodes)
             }
-            ProgressArg::Plain => ProgressDisplay::Plain(Instant::now(), vnodes),
+            ProgressArg::Plain => ProgressDisplay::Plain(Instant::now(), vnodes, 0),
             ProgressArg::None => ProgressDisplay::None,
         }
     }
 
     fn update(&mut self, p: &ReplayProgress) {
+        if let Some(load) = &p.load {
+            self.update_load(load);
+            return;
+        }
         match self {
             ProgressDisplay::Bar(bar, vnodes) => {
                 // `rows_total` is never below `rows_read`: the bar stays within 100%.
@@ -852,7 +858,7 @@ impl ProgressDisplay {
                         ))
                 ));
             }
-            ProgressDisplay::Plain(last, vnodes) => {
+            ProgressDisplay::Plain(last, vnodes, _) => {
                 if last.elapsed() >= Duration::from_secs(1) {
                     *last = Instant::now();
                     let j = &p.job;
@@ -886,6 +892,36 @@ impl ProgressDisplay {
                         p.upstream_changes,
                         p.output_rows,
                         j.epoch
+                    );
+                }
+            }
+            ProgressDisplay::None => {}
+        }
+    }
+
+    /// The snapshot load's progress.
+    fn update_load(&mut self, load: &LoadReport) {
+        let of = load
+            .snapshot_rows
+            .map_or_else(String::new, |total| format!("/{total}"));
+        match self {
+            ProgressDisplay::Bar(bar, _) => {
+                if let Some(total) = load.snapshot_rows {
+                    bar.set_length(total);
+                }
+                bar.set_position(load.rows_loaded);
+                bar.set_message(format!(
+                    "| loading the snapshot, {} rows committed",
+                    load.rows_committed
+                ));
+            }
+            ProgressDisplay::Plain(last, _, committed) => {
+                if last.elapsed() >= Duration::from_secs(1) || load.rows_committed > *committed {
+                    *last = Instant::now();
+                    *committed = load.rows_committed;
+                    eprintln!(
+                        "load {}{of} snapshot rows, {} committed (a kill now keeps those)",
+                        load.rows_loaded, load.rows_committed
                     );
                 }
             }

@@ -293,9 +293,12 @@ pub fn actors_for(parallelism: usize, shard: Option<Shard>, vnodes: usize) -> us
     parallelism.saturating_mul(per_range).min(vnodes).max(1)
 }
 
-/// A progress report, sent after every downstream message.
+/// A progress report, sent after every downstream message (and, during the snapshot load,
+/// every [`PROGRESS_INTERVAL`]).
 #[derive(Debug, Clone, Default)]
 pub struct ReplayProgress {
+    /// During the snapshot load: how far it is (then the other counters are zero).
+    pub load: Option<LoadReport>,
     /// The backfill's counters, summed over its actors.
     pub backfill: BackfillStats,
     /// The job's progress: rows read of the estimated total, rate, ETA, per-actor rows.
@@ -304,6 +307,35 @@ pub struct ReplayProgress {
     pub upstream_changes: u64,
     /// Rows published to the output by this run.
     pub output_rows: u64,
+}
+
+/// How far a snapshot load is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Snapshot rows in the table so far (a shard: its own rows), those of the steps a
+    /// stopped run committed included.
+    pub rows_loaded: u64,
+    /// Of those, the rows the committed load steps hold (what a kill now would keep).
+    pub rows_committed: u64,
+    /// The snapshot's rows (by the files' footers); `None` for a shard, which loads a part.
+    pub snapshot_rows: Option<u64>,
+}
+
+/// The counters a load keeps for its [`LoadReport`].
+#[derive(Debug, Default)]
+struct LoadCounters {
+    loaded: std::sync::atomic::AtomicU64,
+    committed: std::sync::atomic::AtomicU64,
+}
+
+impl LoadCounters {
+    fn report(&self, snapshot_rows: Option<u64>) -> LoadReport {
+        LoadReport {
+            rows_loaded: self.loaded.load(Ordering::Relaxed),
+            rows_committed: self.committed.load(Ordering::Relaxed),
+            snapshot_rows,
+        }
+    }
 }
 
 /// What a replay did.
@@ -1098,7 +1130,9 @@ impl<'a, S: StateStore> Job<'a, S> {
                     store.stage_meta(META_VALIDATION_CHECKPOINT, &checkpoint)?;
                 }
                 loader.commit_step()?;
+                (step.counters.committed).store(loader.committed().rows, Ordering::Relaxed);
             }
+            step.counters.loaded.store(loader.rows(), Ordering::Relaxed);
         }
         Ok(loader.seal()?)
     }
@@ -1444,6 +1478,16 @@ impl<'a, S: StateStore> Job<'a, S> {
                     resume: resumed_load,
                     validated: validation.outcome(),
                     checkpoint: validation.checkpoints(),
+                    counters: Arc::default(),
+                };
+                let counters = steps.counters.clone();
+                if let Some(resumed) = resumed_load {
+                    counters.loaded.store(resumed.rows, Ordering::Relaxed);
+                    counters.committed.store(resumed.rows, Ordering::Relaxed);
+                }
+                let snapshot_rows = match self.options.shard {
+                    Some(_) => None,
+                    None => Some(snapshot_row_count(self.dataset)?),
                 };
                 let stop = Arc::new(AtomicBool::new(false));
                 let loading = tokio::task::spawn_blocking({
@@ -1461,9 +1505,24 @@ impl<'a, S: StateStore> Job<'a, S> {
                     let stop = stop.clone();
                     move || Self::load(store, desc, dataset, feed, filter, stop, steps)
                 });
-                let loaded = self
-                    .until_interrupted(&mut interrupted, &stop, loading)
-                    .await?;
+                let mut loading = loading;
+                let loaded = loop {
+                    tokio::select! {
+                        biased;
+                        signal = interrupted.as_mut() => {
+                            stop.store(true, Ordering::Relaxed);
+                            let _ = (&mut loading).await;
+                            return Err(self.interruption(signal));
+                        }
+                        done = &mut loading => break done.map_err(|e| {
+                            internal!("a blocking part of the job failed: {e}")
+                        })?,
+                        () = tokio::time::sleep(PROGRESS_INTERVAL) => on_progress(&ReplayProgress {
+                            load: Some(counters.report(snapshot_rows)),
+                            ..ReplayProgress::default()
+                        }),
+                    }
+                };
                 // Nothing of a bad dataset is committed: the load's commit waits for the
                 // validation, whose error (naming file and row) wins over the load's.
                 if let Some(signal) = validation_done(validation, interrupted.as_mut()).await {
@@ -1665,6 +1724,8 @@ impl<'a, S: StateStore> Job<'a, S> {
 
 /// How [`Job::load`] commits its steps.
 struct LoadSteps {
+    /// What the load reports of its progress.
+    counters: Arc<LoadCounters>,
     /// Where the validation beside the load publishes its checkpoints, which a step commits.
     checkpoint: Arc<std::sync::Mutex<Option<String>>>,
     /// Rows per step (`u64::MAX`: none, the in-memory store's load).
@@ -1673,6 +1734,16 @@ struct LoadSteps {
     resume: Option<LoadProgress>,
     /// The validation's outcome once it passed, committed with the next step.
     validated: Arc<std::sync::OnceLock<String>>,
+}
+
+/// The snapshot's rows, by its files' footers.
+fn snapshot_row_count(dataset: &Dataset) -> Result<u64> {
+    let mut rows = 0u64;
+    for path in dataset.snapshot_files() {
+        let builder = crate::replay::files::builder(path)?;
+        rows += u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+    }
+    Ok(rows)
 }
 
 /// Snapshot rows per load step of a durable state (see [`LOAD_STEP_ROWS`]).
