@@ -94,6 +94,7 @@ def replay(
     cache: Optional[str] = None,
     shard: Optional[str] = None,
     checkpoint_url: Optional[str] = None,
+    state_compression: str = "none",
 ) -> dict:
     """``backfill replay``: replays ``dataset`` into ``out`` (default ``out/<dataset name>``),
     resumable (durable state in ``OUT/state`` unless ``state`` or ``memory=True``).
@@ -108,15 +109,17 @@ def replay(
     the tool's summary: ``snapshot_rows``, ``upstream_changes``, ``output_rows``,
     ``output_files``, ``epochs``, ``checkpoints``, ``elapsed_s``, ``load_s``,
     ``load_resumed_at`` (the snapshot rows a killed run's load steps had committed, or
-    ``None``), ``resumed_from``, ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
+    ``None``), ``validation_resumed_at`` (the snapshot row the validation of such a run
+    resumed at, or ``None``), ``resumed_from``, ``already_finished``, ``dataset_epoch``, ``certificate``, ``certificate_matches`` (and
     ``verified`` with ``verify=True``). Runs without the GIL. Ctrl-C stops it at its next
     checkpoint, as SIGINT stops the tool, and raises ``KeyboardInterrupt``: the same call
     resumes. ``progress=True`` shows a progress bar (``tqdm`` when installed, in a terminal or
     a notebook; else a line a second on ``sys.stderr``). ``shard="I/N"`` replays only the
     I-th of N even vnode ranges (I from 0), as ``--shard I/N`` (``"auto"``: from the batch
     scheduler's environment, N from ``BACKFILL_SHARDS`` where it gives none); the summary's
-    ``shard`` names it. Bad input raises ``BadInput``; a certificate mismatch
-    ``BackfillError``."""
+    ``shard`` names it. ``state_compression`` (``"none"``, ``"lz4"``, ``"zstd"``) compresses
+    the state's new run files, as ``--state-compression``. Bad input raises ``BadInput``; a
+    certificate mismatch ``BackfillError``."""
 
 def verify(dataset: str, out: str, *, tmp: Optional[str] = None) -> dict:
     """``backfill verify``: checks that ``out`` holds exactly snapshot + changes, each row once

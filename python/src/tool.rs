@@ -37,7 +37,8 @@ fn tool_err(error: error::Error) -> PyErr {
     dataset, out = None, *, state = None, memory = false, fresh = false, vnodes = 256,
     batch_size = 8192, order = "merged", checkpoint_every = 1, barrier_interval_ms = None,
     rate_limit = None, upstream_rate = None, parallelism = None, rescale = None, tmp = None,
-    verify = false, progress = false, cache = None, shard = None, checkpoint_url = None
+    verify = false, progress = false, cache = None, shard = None, checkpoint_url = None,
+    state_compression = "none"
 ))]
 #[expect(
     clippy::too_many_arguments,
@@ -65,6 +66,7 @@ pub fn replay_fn<'py>(
     cache: Option<PathBuf>,
     shard: Option<&str>,
     checkpoint_url: Option<PathBuf>,
+    state_compression: &str,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
     use job::replay::{Interrupt, ReplayOptions, StateChoice, default_out_dir, run_replay_until};
     let runtime = runtime()?;
@@ -101,6 +103,16 @@ pub fn replay_fn<'py>(
     if let Some(dir) = &tmp {
         options.scratch = dir.clone();
     }
+    options.durable.compression = match state_compression {
+        "none" => arrangement_backfill::store::StateCompression::None,
+        "lz4" => arrangement_backfill::store::StateCompression::Lz4,
+        "zstd" => arrangement_backfill::store::StateCompression::Zstd,
+        other => {
+            return Err(BadInput::new_err(format!(
+                "state_compression={other:?}: choose \"none\", \"lz4\" or \"zstd\""
+            )));
+        }
+    };
     options.cache = cache;
     options.checkpoint_url =
         checkpoint_url.map(|url| replay::storage::local_or_url(&url.to_string_lossy()));

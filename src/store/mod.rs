@@ -36,7 +36,9 @@ mod memory;
 mod rules;
 
 pub use crate::runs::{KeyedBatch, ScanRows, gc_views};
-pub use durable::{Compaction, DurableOptions, DurableScan, DurableStore, DurableTable};
+pub use durable::{
+    Compaction, DurableOptions, DurableScan, DurableStore, DurableTable, StateCompression,
+};
 pub use memory::{MemoryScan, MemoryStore, MemoryTable};
 
 use std::sync::Arc;

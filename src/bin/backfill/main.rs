@@ -108,11 +108,12 @@ enum Command {
     /// applied, write the view's changelog to OUT/changes.
     ///
     /// Running the same command again after any stop (even kill -9) resumes where it
-    /// stopped. The snapshot load commits in steps of about half a million rows: a stop
-    /// during it costs the rows loaded since its last step (the next run loads only the
-    /// rest, beside a new validation of the dataset, and says where it resumed); after it,
-    /// a stop costs at most the work since the last checkpoint (the validation, passed, is
-    /// kept in the state and not run again).
+    /// stopped. The snapshot load commits in steps of about half a million rows, each with
+    /// the progress of the dataset's validation beside it: a stop during the load costs the
+    /// rows loaded and validated since its last step (the next run loads and validates only
+    /// the rest, and says where each resumed; a validation of a snapshot not in key order
+    /// keeps no progress and starts over); after it, a stop costs at most the work since
+    /// the last checkpoint (the validation, passed, is kept in the state and not run again).
     ///
     /// Shards: `--shard I/N` replays only the I-th of N even vnode ranges (I counts from 0),
     /// into its own files of the output (OUT/changes/epoch-E.shard-I-of-N.parquet) with its
@@ -165,6 +166,11 @@ struct ReplayArgs {
     /// Keep the state in memory instead (faster, not resumable).
     #[arg(long)]
     memory: bool,
+    /// Compress the bodies of the state's new run files (LZ4 about a third of the size,
+    /// zstd smaller, each slower to write; BENCHMARKS.md): for a table whose state would
+    /// not fit the disk. A state written with any setting is read with any other.
+    #[arg(long, value_enum, default_value_t = CompressionArg::None)]
+    state_compression: CompressionArg,
     /// Discard the state and output of an earlier run instead of resuming it.
     #[arg(long)]
     fresh: bool,
@@ -250,6 +256,13 @@ impl std::str::FromStr for ShardArg {
 enum OrderArg {
     Merged,
     Vnode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CompressionArg {
+    None,
+    Lz4,
+    Zstd,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -519,6 +532,14 @@ fn replay(args: ReplayArgs) -> Result<()> {
         checkpoint_url: (args.checkpoint_url.as_ref())
             .map(|url| crate::replay::storage::local_or_url(&url.to_string_lossy())),
         load_step_rows: args.load_step_rows,
+        durable: store::DurableOptions {
+            compression: match args.state_compression {
+                CompressionArg::None => store::StateCompression::None,
+                CompressionArg::Lz4 => store::StateCompression::Lz4,
+                CompressionArg::Zstd => store::StateCompression::Zstd,
+            },
+            ..options.durable
+        },
         ..options
     };
     let mode = args.progress.unwrap_or(if std::io::stderr().is_terminal() {

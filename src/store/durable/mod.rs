@@ -123,6 +123,34 @@ pub struct DurableOptions {
     /// vnodes' short runs share, and the block a scan opened afresh (past the backfill's
     /// patch budget, or after a pause, a resume or a throttle) stopped in before.
     pub block_cache: usize,
+    /// How the bodies of the run files this store writes are compressed (files written
+    /// with any setting are read whatever the setting).
+    pub compression: StateCompression,
+}
+
+/// How a [`DurableStore`] compresses the bodies of its run files (Arrow IPC's own body
+/// compression: each buffer compressed on its own, the file's layout unchanged, so a
+/// reader of the format reads any setting and the manifest does not change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateCompression {
+    /// Uncompressed: the fastest to write and to read.
+    #[default]
+    None,
+    /// LZ4 frames: about a third of the size at a small cost to write and read.
+    Lz4,
+    /// Zstandard: smaller than LZ4, slower to write.
+    Zstd,
+}
+
+impl StateCompression {
+    /// The IPC compression of run file bodies.
+    pub(crate) fn ipc(self) -> Option<arrow_ipc::CompressionType> {
+        match self {
+            StateCompression::None => None,
+            StateCompression::Lz4 => Some(arrow_ipc::CompressionType::LZ4_FRAME),
+            StateCompression::Zstd => Some(arrow_ipc::CompressionType::ZSTD),
+        }
+    }
 }
 
 /// When a [`DurableStore`] compacts.
@@ -146,6 +174,7 @@ impl Default for DurableOptions {
             merge_deltas: 8,
             compaction: Compaction::Background,
             block_cache: 64 << 20,
+            compression: StateCompression::None,
         }
     }
 }
@@ -304,11 +333,12 @@ impl Shared {
 
     fn new_file(&self, desc: &Arc<TableDesc>) -> Result<RunFileWriter> {
         let id = self.next_file_id.fetch_add(1, Ordering::SeqCst);
-        RunFileWriter::create(
+        RunFileWriter::create_compressed(
             self.io.clone(),
             Manifest::file_path(&self.dir, id),
             id,
             desc.clone(),
+            self.options.compression,
         )
         .map(|w| w.with_cache(Some(self.cache.clone())))
     }

@@ -12,6 +12,8 @@ use arrow_buffer::BooleanBufferBuilder;
 use arrow_ipc::MetadataVersion;
 use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
+
+use crate::store::durable::StateCompression;
 use arrow_schema::SchemaRef;
 
 #[cfg(test)]
@@ -104,15 +106,27 @@ pub(crate) struct RunFileWriter {
 }
 
 impl RunFileWriter {
-    /// Creates the file `path` (id `id`) for rows of `desc`.
+    /// Creates the file `path` (id `id`) for rows of `desc`, uncompressed.
+    #[cfg(test)]
     pub fn create(
         io: Arc<dyn StorageIo>,
         path: PathBuf,
         id: u64,
         desc: Arc<TableDesc>,
     ) -> Result<Self> {
+        Self::create_compressed(io, path, id, desc, StateCompression::None)
+    }
+
+    /// [`Self::create`] with its blocks' bodies compressed as `compression` says.
+    pub fn create_compressed(
+        io: Arc<dyn StorageIo>,
+        path: PathBuf,
+        id: u64,
+        desc: Arc<TableDesc>,
+        compression: StateCompression,
+    ) -> Result<Self> {
         let schema = file_schema(desc.schema());
-        Self::create_as(io, path, id, desc, schema)
+        Self::create_as(io, path, id, desc, schema, compression)
     }
 
     /// A writer of format 1 ([`stored_type_v1`]), to test that such files are still read.
@@ -124,7 +138,7 @@ impl RunFileWriter {
         desc: Arc<TableDesc>,
     ) -> Result<Self> {
         let schema = file_schema_v1(desc.schema());
-        Self::create_as(io, path, id, desc, schema)
+        Self::create_as(io, path, id, desc, schema, StateCompression::None)
     }
 
     fn create_as(
@@ -133,6 +147,7 @@ impl RunFileWriter {
         id: u64,
         desc: Arc<TableDesc>,
         schema: SchemaRef,
+        compression: StateCompression,
     ) -> Result<Self> {
         let file = io.create(&path)?;
         let sink = Checksummed {
@@ -140,8 +155,8 @@ impl RunFileWriter {
             pos: 0,
             crc: crc32fast::Hasher::new(),
         };
-        let mut writer =
-            FileWriter::try_new_with_options(sink, &schema, IpcWriteOptions::default())?;
+        let options = IpcWriteOptions::default().try_with_compression(compression.ipc())?;
+        let mut writer = FileWriter::try_new_with_options(sink, &schema, options)?;
         let header_crc = writer.get_mut().take_crc();
         Ok(Self {
             id,
