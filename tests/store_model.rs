@@ -222,6 +222,7 @@ impl Durable {
             merge_deltas: 2,
             compaction: arrangement_backfill::store::Compaction::Background,
             block_cache: 1 << 20,
+            compression: Default::default(),
         };
         DurableStore::open_with(
             self.dir.path(),
@@ -503,6 +504,7 @@ fn merging_options() -> DurableOptions {
         merge_deltas: 3,
         compaction: arrangement_backfill::store::Compaction::Inline,
         block_cache: 1 << 20,
+        compression: Default::default(),
     }
 }
 

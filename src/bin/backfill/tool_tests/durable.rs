@@ -47,6 +47,7 @@ fn options(out: &Path, io: Arc<dyn StorageIo>) -> ReplayOptions {
         merge_deltas: 8,
         compaction: Compaction::Inline,
         block_cache: 1 << 20,
+        compression: Default::default(),
     };
     o.io = io;
     o
