@@ -24,8 +24,9 @@
 //! (`touched.rs`): while the snapshot comes in strictly increasing key order, its rows whose
 //! key no change touches are left out of the sort (`by_key.rs`, "A snapshot in key order").
 //!
-//! Memory is bounded by [`ExternalSortOptions::memory_budget`], whatever the table's size;
-//! the sort spills to [`ExternalSortOptions::scratch_dir`].
+//! Memory is bounded by [`ExternalSortOptions::memory_budget`], whatever the table's size,
+//! plus the key filter of a changelog too long for its share of it (at most
+//! [`MAX_FILTER_BYTES`]); the sort spills to [`ExternalSortOptions::scratch_dir`].
 
 use super::by_key::{KeyedChanges, Payload, RunPlace, SortCheckpoint, first_violation_of};
 use super::dataset::{Dataset, DatasetSummary};
@@ -43,6 +44,11 @@ const BATCH_SIZE: usize = 8192;
 /// The snapshot rows a validation takes at a time from the start of each file: a feed of
 /// batches this size keeps its errors where reading the files itself would meet them.
 pub(crate) const SNAPSHOT_CHUNK_ROWS: usize = BATCH_SIZE;
+/// The most memory the key filter takes for a changelog too long for its share of the
+/// budget: 64 MiB, 8 bits a change row for 64M rows (a lineitem scale 30 changelog, 36M
+/// rows, gets 14 bits a row). Beyond, no filter: the whole snapshot is sorted.
+const MAX_FILTER_BYTES: usize = 64 << 20;
+
 /// Batches decoded ahead of the sort, on a reader thread.
 const READ_AHEAD: usize = 8;
 
@@ -190,7 +196,12 @@ fn validate_with(
     // The changelog's keys first: snapshot rows no change touches need no sort while the
     // snapshot comes in key order (`touched.rs`). Their filter takes at most a quarter of
     // the memory budget (16 MiB by default: 64 bits a change row up to 2M change rows,
-    // fewer bits up to 16M, no filter beyond).
+    // fewer bits up to 16M), or, for a longer changelog, the fewest bits (at least 8 a
+    // row) that fit [`MAX_FILTER_BYTES`] (up to 64M change rows); none beyond: then every
+    // snapshot row is sorted, and no checkpoint is kept.
+    let filter_budget = options.memory_budget / 4;
+    let touched = changed_keys(dataset, desc.pk(), filter_budget)
+        .or_else(|| changed_keys(dataset, desc.pk(), filter_budget.max(MAX_FILTER_BYTES)));
     // Their run (and its checkpoints) in the scratch directory unless the caller keeps it.
     let scratch_place = RunPlace {
         dir: scratch.path().to_path_buf(),
@@ -198,7 +209,7 @@ fn validate_with(
     };
     let place = checkpoints.map_or(&scratch_place, |c| &c.place);
     let mut progress = Progress::default();
-    if let Some(touched) = changed_keys(dataset, desc.pk(), options.memory_budget / 4) {
+    if let Some(touched) = touched {
         let resume = checkpoints.and_then(|c| c.resume.as_ref());
         match resume {
             Some(from) if resume_from(dataset, &mut rows, &touched, place, from)? => {
@@ -1082,5 +1093,39 @@ mod tests {
             resumed_cases > 20 && damaged_cases > 5,
             "{resumed_cases} resumed, {damaged_cases} damaged"
         );
+    }
+
+    /// A changelog too long for the key filter's share of a budget still gets a filter (up
+    /// to [`MAX_FILTER_BYTES`]): the snapshot's untouched rows are left out of the sort, so
+    /// the pass keeps checkpoints, and its result is the same.
+    #[test]
+    fn a_long_changelog_for_the_budget_still_gets_a_key_filter() {
+        use crate::replay::testing::{changes, rows};
+        let snapshot = [rows("1 a\n2 b\n3 c"), rows("4 d\n5 e")];
+        let change_files = [changes(&[(7, "U- 2 b\nU+ 2 x\n- 4 d"), (8, "+ 9 j")])];
+        let dir = dataset(MANIFEST, &snapshot, &change_files);
+        let ds = Dataset::open(dir.path()).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let runs = tempfile::tempdir().unwrap();
+        // A quarter of 4 bytes holds no filter (of 64 bits at least).
+        let options = ExternalSortOptions::new(scratch.path()).with_memory_budget(4);
+        let checkpoints = Checkpoints {
+            place: RunPlace {
+                dir: runs.path().to_path_buf(),
+                prefix: "t".into(),
+            },
+            every_rows: 1,
+            resume: None,
+        };
+        let mut made = 0;
+        let found = validate_with(&ds, &options, None, Some(&checkpoints), &mut |o| {
+            made += usize::from(matches!(o, Observed::Checkpoint(_)));
+            Ok(())
+        });
+        assert_eq!(
+            format!("{found:?}"),
+            format!("{:?}", validate_in_memory(&ds))
+        );
+        assert!(made > 0, "no checkpoint: no key filter");
     }
 }
