@@ -35,17 +35,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ -z "${BACKFILL:-}" ]; then
-  (cd "$root" && cargo build --release --bin backfill >&2)
-  BACKFILL="$root/target/release/backfill"
-fi
-B="$BACKFILL"
+# shellcheck source=benches/common.sh
+. "$root/benches/common.sh"
 mkdir -p "$work"
 cd "$work"
 ds="l$scale"
 [ -d "$ds" ] || "$B" gen tpch-lineitem --scale "$scale" --out "$ds" > "gen-$scale.log" 2>&1
 
-now() { date +%s.%N; }
 # Each line of stdin with the time it came.
 stamp() { while IFS= read -r line; do printf '%s %s\n' "$(now)" "$line"; done; }
 # seconds LOG: the summary's "snapshot load" of LOG, in seconds.

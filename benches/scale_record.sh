@@ -36,15 +36,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$scale" ] || { [ "$mode" = record ] && scale=30 || scale=10; }
-if [ -z "${BACKFILL:-}" ]; then
-  (cd "$root" && cargo build --release --bin backfill >&2)
-  BACKFILL="$root/target/release/backfill"
-fi
-B="$BACKFILL"
+# shellcheck source=benches/common.sh
+. "$root/benches/common.sh"
 mkdir -p "$work"
 cd "$work"
 ds="l$scale"
-now() { date +%s.%N; }
 # timed LABEL CMD...: runs CMD (its output in LABEL.log), prints LABEL, its wall time and
 # its peak anonymous and resident memory (sampled beside it as peakmem.py samples).
 timed() {
@@ -99,29 +95,34 @@ EOF
 else
   [ -d "$ds" ] || "$B" gen tpch-lineitem --scale "$scale" --out "$ds" > gen.log 2>&1
   drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-  for round in 1 2; do
+  # warm_then_cold LABEL PREPARE GREP: runs PREPARE, then the replay, with a warm page cache
+  # and then a dropped one; prints each time and what GREP finds in its summary.
+  warm_then_cold() {
+    local label="$1" prepare="$2" pattern="$3" cache s
     for cache in warm cold; do
-      rm -rf out
+      $prepare
       sync
       if [ "$cache" = cold ]; then drop; fi
       s=$(now)
-      "$B" replay "$ds" --out out --progress none > "cold-$round-$cache.log" 2>&1
-      echo "(a) round $round $cache: $(echo "$(now) - $s" | bc) s; $(grep -o 'done in .*' "cold-$round-$cache.log")"
+      "$B" replay "$ds" --out out --progress none > "$label-$round-$cache.log" 2>&1
+      echo "($label) round $round $cache: $(echo "$(now) - $s" | bc) s; $(grep -oE "$pattern" "$label-$round-$cache.log" | tr '\n' ' ')"
     done
+  }
+  fresh() { rm -rf out; }
+  from_killed() { rm -rf out && cp -a killed out; }
+  for round in 1 2; do
+    warm_then_cold a fresh 'done in .*'
     rm -rf out
     "$B" replay "$ds" --out out --progress plain > /dev/null 2> killed.progress &
     pid=$!
-    until grep -q "^snapshot " killed.progress 2>/dev/null; do sleep 0.2; done
-    kill -9 "$pid"; wait "$pid" 2>/dev/null || true
-    rm -rf killed && cp -a out killed
-    for cache in warm cold; do
-      rm -rf out && cp -a killed out
-      sync
-      if [ "$cache" = cold ]; then drop; fi
-      s=$(now)
-      "$B" replay "$ds" --out out --progress none > "resume-$round-$cache.log" 2>&1
-      echo "(b) round $round $cache: $(echo "$(now) - $s" | bc) s; $(grep -oE 'done in .*|resumed from checkpoint epoch [0-9]+' "resume-$round-$cache.log" | tr '\n' ' ')"
+    # (A replay that ends first, on a small dataset, leaves a finished state: (b) then
+    # measures a run that finds its job done.)
+    until grep -q "^snapshot " killed.progress 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do
+      sleep 0.2
     done
+    kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+    rm -rf killed && cp -a out killed
+    warm_then_cold b from_killed 'done in .*|resumed from checkpoint epoch [0-9]+'
     rm -rf killed
   done
   rm -rf out
