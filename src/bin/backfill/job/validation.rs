@@ -135,7 +135,8 @@ fn validate(
 pub(crate) struct CheckpointDir {
     /// `STATE/validation`.
     pub dir: PathBuf,
-    /// The checkpoint record a stopped run's load step committed, to resume from.
+    /// The checkpoint record a stopped run's load step committed, to resume from (as the
+    /// state keeps it; [`CheckpointDir::record`] reads it).
     pub resume: Option<String>,
     /// Snapshot rows between checkpoints.
     pub every_rows: u64,
@@ -162,19 +163,35 @@ struct CheckpointRecord {
     digest: TableDigest,
 }
 
+impl CheckpointDir {
+    /// The record to resume from, if it is one this binary can resume (its version, a
+    /// lineage that names files).
+    fn record(&self) -> Option<CheckpointRecord> {
+        let record: CheckpointRecord = serde_json::from_str(self.resume.as_deref()?).ok()?;
+        (record.format == CHECKPOINT_FORMAT && valid_lineage(&record.lineage)).then_some(record)
+    }
+}
+
+/// What the validation's thread keeps checkpoints with.
+struct Prepared {
+    /// Its directory, locked for the pass.
+    _lock: DirLock,
+    /// The name of its files.
+    lineage: String,
+    checkpoints: Checkpoints,
+    /// The digest of the rows before the checkpoint it resumes from.
+    digest: Option<TableDigest>,
+}
+
 /// Checkpoints for the validation's thread: its files' name and place (their directory
-/// locked for the pass, other files in it removed), and where it resumes. `None` (no
-/// checkpoints) if another process holds the directory or it cannot be made.
-fn prepare_checkpoints(at: &CheckpointDir) -> Option<(DirLock, Checkpoints, Option<TableDigest>)> {
+/// locked for the pass, other files in it removed), and `record`, where it resumes.
+/// `None` (no checkpoints) if another process holds the directory or it cannot be made.
+fn prepare_checkpoints(at: &CheckpointDir, record: Option<CheckpointRecord>) -> Option<Prepared> {
     std::fs::create_dir_all(&at.dir).ok()?;
     let lock = DirLock::acquire(&at.dir).ok()?;
-    let record: Option<CheckpointRecord> =
-        (at.resume.as_deref()).and_then(|v| serde_json::from_str(v).ok());
     let (lineage, resume, digest) = match record {
-        Some(r) if valid_lineage(&r.lineage) && r.format == CHECKPOINT_FORMAT => {
-            (r.lineage, Some(r.checkpoint), Some(r.digest))
-        }
-        _ => (new_lineage(), None, None),
+        Some(r) => (r.lineage, Some(r.checkpoint), Some(r.digest)),
+        None => (new_lineage(), None, None),
     };
     let keep: Vec<&str> = match &resume {
         Some(c) => (c.sort.segments.iter().flatten())
@@ -198,7 +215,12 @@ fn prepare_checkpoints(at: &CheckpointDir) -> Option<(DirLock, Checkpoints, Opti
         every_rows: at.every_rows.max(1),
         resume,
     };
-    Some((lock, checkpoints, digest))
+    Some(Prepared {
+        _lock: lock,
+        lineage,
+        checkpoints,
+        digest,
+    })
 }
 
 /// A new lineage: 16 hex digits, from the clock and the process.
@@ -220,28 +242,35 @@ fn valid_lineage(lineage: &str) -> bool {
     lineage.len() == 16 && lineage.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// [`validate`] with checkpoints in `at` (see the module docs), each published into
-/// `published` once written; the snapshot comes from `snapshot` (a feed, and the snapshot
-/// row it starts at) if given. The row it resumed at goes into `resumed_at`.
+/// [`validate`] with checkpoints in `at` (see the module docs), resuming from `record`,
+/// each published into `published` once written; the snapshot comes from `snapshot` (a
+/// feed, and the snapshot row it starts at) if given. The row it resumed at goes into
+/// `resumed_at`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the thread's inputs and its two outputs"
+)]
 fn validate_checkpointed(
     dataset: &Dataset,
     desc: &TableDesc,
     scratch: &Path,
     snapshot: Option<(SnapshotFeed, u64)>,
     at: &CheckpointDir,
+    record: Option<CheckpointRecord>,
     published: &Mutex<Option<String>>,
     resumed_at: &OnceLock<u64>,
 ) -> Result<Validated> {
-    let Some((_lock, checkpoints, recorded_digest)) = prepare_checkpoints(at) else {
+    let Some(prepared) = prepare_checkpoints(at, record) else {
         // (A feed from a later row is dropped: the pass reads the snapshot itself.)
         let feed = snapshot.and_then(|(feed, from)| (from == 0).then_some(feed));
         return validate(dataset, desc, scratch, feed);
     };
-    let lineage = checkpoints
-        .place
-        .prefix
-        .trim_start_matches("validate-")
-        .to_string();
+    let Prepared {
+        _lock,
+        lineage,
+        checkpoints,
+        digest: recorded_digest,
+    } = prepared;
     let mut digest = TableDigest::new(desc.vnode_count());
     let mut observe = |rows: Observed<'_>| -> Result<()> {
         match rows {
@@ -362,11 +391,8 @@ impl Validation {
         checkpoints: Option<CheckpointDir>,
         load_from: Option<u64>,
     ) -> Result<Self> {
-        let resume_at = (checkpoints.as_ref())
-            .and_then(|c| c.resume.as_deref())
-            .and_then(|v| serde_json::from_str::<CheckpointRecord>(v).ok())
-            .filter(|r| r.format == CHECKPOINT_FORMAT)
-            .map(|r| r.checkpoint.snapshot_rows);
+        let record = checkpoints.as_ref().and_then(CheckpointDir::record);
+        let resume_at = record.as_ref().map(|r| r.checkpoint.snapshot_rows);
         let feed_from = match (resume_at, load_from) {
             (Some(validation), Some(load)) => Some(validation.min(load)),
             (Some(_), None) => None,
@@ -405,6 +431,7 @@ impl Validation {
                         &scratch,
                         for_validation,
                         at,
+                        record,
                         &published,
                         &resumed,
                     )?,
